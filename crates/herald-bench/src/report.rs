@@ -277,7 +277,7 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
             o,
             " Avg (µs) | Median (µs) | 99th (µs) | 99.9th (µs) | Std Dev (µs) | Max (µs) | lost | dup | ooo | discard | bench CPU | notes |"
         );
-        let cols = 16 + big as usize;
+        let cols = 15 + big as usize;
         let _ = writeln!(o, "|{}", "---:|".repeat(cols - 1) + "---|");
         for s in &steps {
             let first = if filtering {
