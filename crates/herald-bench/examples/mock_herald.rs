@@ -24,7 +24,7 @@ enum Cli {
         listen: String,
     },
     /// Run the bench.
-    Bench(herald_bench::BenchArgs),
+    Bench(Box<herald_bench::BenchArgs>),
 }
 
 #[derive(Default)]
@@ -45,9 +45,11 @@ fn main() -> anyhow::Result<()> {
             .worker_threads(1)
             .enable_all()
             .build()?
-            .block_on(herald_bench::run(args)),
+            .block_on(herald_bench::run(*args)),
         Cli::Serve { listen } => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             let local = tokio::task::LocalSet::new();
             local.block_on(&rt, serve(listen))
         }
@@ -68,7 +70,9 @@ async fn serve(listen: String) -> anyhow::Result<()> {
             let n = s.peek(&mut buf).await.unwrap_or(0);
             if buf[..n].starts_with(b"GET /healthz") {
                 let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
+                    )
                     .await;
                 return;
             }
@@ -79,7 +83,11 @@ async fn serve(listen: String) -> anyhow::Result<()> {
     }
 }
 
-async fn conn(ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, state: State, id: u64) {
+async fn conn(
+    ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    state: State,
+    id: u64,
+) {
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
     tokio::task::spawn_local(async move {
@@ -102,7 +110,9 @@ async fn conn(ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, sta
         match m {
             Message::Text(t) => {
                 let ts = now_us();
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(&t) else { continue };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&t) else {
+                    continue;
+                };
                 let topic = v["topic"].as_str().unwrap_or_default().to_string();
                 match v["op"].as_str() {
                     Some("sub") => {
@@ -140,13 +150,16 @@ async fn conn(ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, sta
                     continue;
                 }
                 let hl = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
-                let Ok(h) = serde_json::from_slice::<serde_json::Value>(&b[4..4 + hl]) else { continue };
+                let Ok(h) = serde_json::from_slice::<serde_json::Value>(&b[4..4 + hl]) else {
+                    continue;
+                };
                 let topic = h["topic"].as_str().unwrap_or_default().to_string();
                 let stamp = h["stamp"].as_bool().unwrap_or(false);
                 let mut s = state.borrow_mut();
                 let e = s.entry(topic.clone()).or_default();
                 e.seq += 1;
-                let mut head = serde_json::json!({"op":"msg","topic":topic,"seq":e.seq,"epoch":"mock"});
+                let mut head =
+                    serde_json::json!({"op":"msg","topic":topic,"seq":e.seq,"epoch":"mock"});
                 if stamp {
                     head["ts"] = ts.into();
                 }

@@ -131,7 +131,12 @@ impl Worker {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .with_context(|| format!("cannot start a bench worker process ({} bench --worker)", exe.display()))?;
+            .with_context(|| {
+                format!(
+                    "cannot start a bench worker process ({} bench --worker)",
+                    exe.display()
+                )
+            })?;
         let mut stdin = child.stdin.take().unwrap();
         writeln!(stdin, "{}", serde_json::to_string(spec)?)?;
         let stdout = child.stdout.take().unwrap();
@@ -147,7 +152,9 @@ impl Worker {
                         let _ = tx.send(s.into_snapshot());
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(anyhow::anyhow!("bad line from bench worker: {e}: {line}")));
+                        let _ = tx.send(Err(anyhow::anyhow!(
+                            "bad line from bench worker: {e}: {line}"
+                        )));
                     }
                 }
             }
@@ -189,10 +196,12 @@ impl Drop for Worker {
 /// The worker process's main loop (`herald bench --worker`).
 pub fn worker_main() -> Result<()> {
     sys::raise_nofile();
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    let spec: ClientSpec = serde_json::from_str(&lines.next().context("no spec on stdin")??)
-        .context("bad spec on stdin")?;
+    let mut first = String::new();
+    // Stdin is buffered globally, so the reader thread below continues where this left off.
+    std::io::stdin()
+        .read_line(&mut first)
+        .context("no spec on stdin")?;
+    let spec: ClientSpec = serde_json::from_str(&first).context("bad spec on stdin")?;
     let (tx, rx) = mpsc::channel::<WorkerCmd>();
     std::thread::spawn(move || {
         let stdin = std::io::stdin();

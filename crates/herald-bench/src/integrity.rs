@@ -122,7 +122,13 @@ mod tests {
     #[test]
     fn clean_stream_from_any_baseline() {
         let c = run(&[41, 42, 43, 44]);
-        assert_eq!(c, Counts { received: 4, ..Default::default() });
+        assert_eq!(
+            c,
+            Counts {
+                received: 4,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
@@ -175,8 +181,16 @@ mod tests {
 
     #[test]
     fn counts_add() {
-        let mut a = Counts { lost: 1, received: 2, ..Default::default() };
-        a.add(&Counts { duplicates: 3, received: 1, ..Default::default() });
+        let mut a = Counts {
+            lost: 1,
+            received: 2,
+            ..Default::default()
+        };
+        a.add(&Counts {
+            duplicates: 3,
+            received: 1,
+            ..Default::default()
+        });
         assert_eq!((a.lost, a.received, a.duplicates), (1, 3, 3));
     }
 }

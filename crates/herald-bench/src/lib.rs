@@ -43,7 +43,9 @@ use crate::scenario::{parse_assignment, parse_value, Kind, Scenario, Sweep};
 
 /// Run a load scenario against herald and report throughput, latency and integrity.
 #[derive(Debug, Clone, Default, clap::Args)]
-#[command(after_help = "Examples:\n  herald bench bench/scenarios/solace-3.1.1-high.toml --spawn --json out.json --plot out.svg\n  herald bench bench/scenarios/solace-3.1.2-very-high.toml --url ws://127.0.0.1:8080/ws --clients 500 --duration 10\n  herald bench --kind fanout --clients 200 --topics 1000 --subs 10 --rate 2000 --spawn\nSee docs/bench.md for the scenario format and the JSON report.")]
+#[command(
+    after_help = "Examples:\n  herald bench bench/scenarios/solace-3.1.1-high.toml --spawn --json out.json --plot out.svg\n  herald bench bench/scenarios/solace-3.1.2-very-high.toml --url ws://127.0.0.1:8080/ws --clients 500 --duration 10\n  herald bench --kind fanout --clients 200 --topics 1000 --subs 10 --rate 2000 --spawn\nSee docs/bench.md for the scenario format and the JSON report."
+)]
 pub struct BenchArgs {
     /// Scenario file (TOML). Without one, the scenario is built from --kind and the flags.
     pub scenario: Option<PathBuf>,
@@ -225,7 +227,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
-    let url = server.as_ref().map(|s| s.url()).unwrap_or_else(|| args.url.clone());
+    let url = server
+        .as_ref()
+        .map(|s| s.url())
+        .unwrap_or_else(|| args.url.clone());
     let pinned = server.as_ref().is_some_and(|s| s.pinned);
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -245,7 +250,11 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             scenario.name,
             scenario.kind.as_str(),
             steps.len(),
-            if pinned { " (server on core 0, bench on core 1)" } else { "" }
+            if pinned {
+                " (server on core 0, bench on core 1)"
+            } else {
+                ""
+            }
         );
     }
     let kind = scenario.kind;
@@ -294,7 +303,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     if let Some(p) = &args.plot {
-        std::fs::write(p, report::svg(&report)).with_context(|| format!("cannot write {}", p.display()))?;
+        std::fs::write(p, report::svg(&report))
+            .with_context(|| format!("cannot write {}", p.display()))?;
     }
     Ok(())
 }

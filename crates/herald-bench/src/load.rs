@@ -43,6 +43,9 @@ pub struct ClientSpec {
     pub topic_names: Vec<String>,
     pub connect_rate: f64,
     pub max_message: usize,
+    /// Socket read buffer per connection. tungstenite zeroes it on every read, so a small one
+    /// (a few KiB for small messages) saves most of the receive cost.
+    pub read_buffer: usize,
     /// Bind each client to a source address in 127.1.0.0/16, 20,000 clients per address, so
     /// more connections than the ephemeral port range can be opened to one server.
     pub bind_sources: bool,
@@ -65,7 +68,7 @@ pub struct TraderSpec {
 
 impl TraderSpec {
     pub fn is_trader(&self, id: u64) -> bool {
-        self.every > 0 && (id / self.block.max(1)) % self.every == 0
+        self.every > 0 && (id / self.block.max(1)).is_multiple_of(self.every)
     }
 }
 
@@ -320,7 +323,10 @@ impl Pool {
 
     pub fn collect(&self) -> Result<Snapshot> {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.tx.send(Cmd::Collect(tx)).ok().context("subscriber thread ended")?;
+        self.tx
+            .send(Cmd::Collect(tx))
+            .ok()
+            .context("subscriber thread ended")?;
         rx.recv_timeout(Duration::from_secs(60))
             .context("subscriber thread did not answer")
     }
@@ -329,7 +335,10 @@ impl Pool {
     pub fn shutdown(mut self) -> Result<Snapshot> {
         self.shared.stop.store(true, Relaxed);
         let (tx, rx) = std::sync::mpsc::channel();
-        self.tx.send(Cmd::Shutdown(tx)).ok().context("subscriber thread ended")?;
+        self.tx
+            .send(Cmd::Shutdown(tx))
+            .ok()
+            .context("subscriber thread ended")?;
         let snap = rx
             .recv_timeout(Duration::from_secs(60))
             .context("subscriber thread did not answer")?;
@@ -370,14 +379,13 @@ struct Local {
 }
 
 impl Local {
-    fn snapshot(&mut self, last: bool) -> Snapshot {
+    fn snapshot(&mut self) -> Snapshot {
         let mut counts = self.counts;
         for t in &self.tracks {
             for track in t.borrow().iter() {
                 track.finish(&mut counts);
             }
         }
-        let _ = last;
         Snapshot {
             counts,
             window_received: std::mem::take(&mut self.window_received),
@@ -393,7 +401,11 @@ impl Local {
     }
 }
 
-async fn pool_main(spec: ClientSpec, shared: Arc<Shared>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Cmd>) {
+async fn pool_main(
+    spec: ClientSpec,
+    shared: Arc<Shared>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
+) {
     let local = Rc::new(RefCell::new(Local {
         assignment: spec.assignment(),
         spec,
@@ -417,15 +429,15 @@ async fn pool_main(spec: ClientSpec, shared: Arc<Shared>, mut rx: tokio::sync::m
                 tokio::task::spawn_local(connect_range(l, from, to));
             }
             Cmd::Collect(reply) => {
-                let _ = reply.send(local.borrow_mut().snapshot(false));
+                let _ = reply.send(local.borrow_mut().snapshot());
             }
             Cmd::Shutdown(reply) => {
                 shared.stop.store(true, Relaxed);
-                let snap = local.borrow_mut().snapshot(true);
+                let snap = local.borrow_mut().snapshot();
                 let stop = local.borrow().stop.clone();
                 stop.notify_waiters();
-                // Give the clients a moment to send their close frames.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Returning drops the LocalSet and with it every client task, which closes
+                // the sockets (no close handshake: thousands of them would only add noise).
                 let _ = reply.send(snap);
                 return;
             }
@@ -456,7 +468,10 @@ fn source_addr(client: u64) -> Ipv4Addr {
     Ipv4Addr::new(127, 1, (idx / 250) as u8, (idx % 250) as u8 + 1)
 }
 
-async fn open(spec: &ClientSpec, id: u64) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>> {
+async fn open(
+    spec: &ClientSpec,
+    id: u64,
+) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>> {
     let url: tokio_tungstenite::tungstenite::http::Uri = spec.url.parse().context("bad --url")?;
     let host = url.host().context("--url has no host")?;
     let port = url.port_u16().unwrap_or(80);
@@ -475,22 +490,29 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<tokio_tungstenite::WebSocket
     let stream = sock.connect(addr).await?;
     stream.set_nodelay(true)?;
     let cfg = WebSocketConfig::default()
+        .read_buffer_size(spec.read_buffer.max(1024))
         .max_message_size(Some(spec.max_message))
         .max_frame_size(Some(spec.max_message));
-    let (ws, _) = tokio_tungstenite::client_async_with_config(spec.url.as_str(), stream, Some(cfg)).await?;
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(spec.url.as_str(), stream, Some(cfg)).await?;
     Ok(ws)
 }
 
 async fn client(local: Rc<RefCell<Local>>, id: u64) {
     let (spec, shared, assignment, stop) = {
         let l = local.borrow();
-        (l.spec.clone(), l.shared.clone(), l.assignment, l.stop.clone())
+        (
+            l.spec.clone(),
+            l.shared.clone(),
+            l.assignment,
+            l.stop.clone(),
+        )
     };
     let ws = tokio::select! {
         r = open(&spec, id) => r,
         _ = stop.notified() => return,
     };
-    let ws = match ws {
+    let mut ws = match ws {
         Ok(ws) => ws,
         Err(e) => {
             shared.failed.fetch_add(1, Relaxed);
@@ -499,77 +521,118 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
         }
     };
     shared.connected.fetch_add(1, Relaxed);
-    let (mut sink, mut stream) = ws.split();
     let topics: Vec<u64> = assignment.topics_of(id).collect();
     for &t in &topics {
-        if sink.feed(Message::text(wire::sub_frame(&spec.topic(t)))).await.is_err() {
+        if ws
+            .feed(Message::text(wire::sub_frame(&spec.topic(t))))
+            .await
+            .is_err()
+        {
             break;
         }
     }
-    if sink.flush().await.is_err() {
+    if ws.flush().await.is_err() {
         shared.closed.fetch_add(1, Relaxed);
         return;
     }
     let tracks = Rc::new(RefCell::new(vec![TopicTrack::default(); topics.len()]));
     local.borrow_mut().tracks.push(tracks.clone());
-    let mut pending_subs = topics.len();
+    let rx = Receiver {
+        local,
+        shared,
+        spec,
+        assignment,
+        id,
+        tracks,
+        pending_subs: topics.len(),
+    };
+    // A trader publishes on its own share from a separate local task holding the write half.
+    // Other clients keep the stream whole (no lock between halves on the hot path).
+    match rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
+        Some(t) => {
+            let (sink, stream) = ws.split();
+            let topic = rx.spec.topic(topics[0]);
+            tokio::task::spawn_local(trade(rx.local.clone(), sink, topic, t, stop));
+            rx.run(stream).await
+        }
+        None => rx.run(ws).await,
+    }
+}
 
-    // A trader publishes on its own share from a separate local task holding the sink.
-    let trader = spec.trader.clone().filter(|t| t.is_trader(id));
-    let sink = Rc::new(tokio::sync::Mutex::new(sink));
-    if let Some(t) = trader {
-        let topic = spec.topic(topics[0]);
-        tokio::task::spawn_local(trade(local.clone(), sink.clone(), topic, t, stop.clone()));
+/// The receiving side of one subscriber connection. The loop ends when the connection does;
+/// at shutdown the pool's runtime is dropped with it, which closes the socket.
+struct Receiver {
+    local: Rc<RefCell<Local>>,
+    shared: Arc<Shared>,
+    spec: ClientSpec,
+    assignment: Assignment,
+    id: u64,
+    tracks: Rc<RefCell<Vec<TopicTrack>>>,
+    pending_subs: usize,
+}
+
+impl Receiver {
+    async fn run<S>(mut self, mut stream: S)
+    where
+        S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
+            + Unpin,
+    {
+        let (shared, id) = (self.shared.clone(), self.id);
+        loop {
+            let msg = match stream.next().await {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    if !shared.stop.load(Relaxed) {
+                        shared.closed.fetch_add(1, Relaxed);
+                        push_error(
+                            &mut self.local.borrow_mut().errors,
+                            format!("connection {id}: {e}"),
+                        );
+                    }
+                    return;
+                }
+                None => {
+                    if !shared.stop.load(Relaxed) {
+                        shared.closed.fetch_add(1, Relaxed);
+                    }
+                    return;
+                }
+            };
+            let recv_us = wire::now_us();
+            let inc = match &msg {
+                Message::Text(t) => wire::parse_text(t.as_bytes()),
+                Message::Binary(b) => wire::parse_binary(b),
+                Message::Close(f) => {
+                    if !shared.stop.load(Relaxed) {
+                        shared.closed.fetch_add(1, Relaxed);
+                        let why = f
+                            .as_ref()
+                            .map(|f| format!("{} {}", u16::from(f.code), f.reason));
+                        push_error(
+                            &mut self.local.borrow_mut().errors,
+                            format!("server closed a connection: {}", why.unwrap_or_default()),
+                        );
+                    }
+                    return;
+                }
+                _ => continue,
+            };
+            self.handle(inc, recv_us);
+        }
     }
 
-    loop {
-        let msg = tokio::select! {
-            m = stream.next() => m,
-            _ = stop.notified() => {
-                let _ = sink.lock().await.close().await;
-                return;
-            }
-        };
-        let msg = match msg {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => {
-                if !shared.stop.load(Relaxed) {
-                    shared.closed.fetch_add(1, Relaxed);
-                    push_error(&mut local.borrow_mut().errors, format!("connection {id}: {e}"));
-                }
-                return;
-            }
-            None => {
-                if !shared.stop.load(Relaxed) {
-                    shared.closed.fetch_add(1, Relaxed);
-                }
-                return;
-            }
-        };
-        let recv_us = wire::now_us();
-        let inc = match &msg {
-            Message::Text(t) => wire::parse_text(t.as_bytes()),
-            Message::Binary(b) => wire::parse_binary(b),
-            Message::Close(f) => {
-                if !shared.stop.load(Relaxed) {
-                    shared.closed.fetch_add(1, Relaxed);
-                    let why = f.as_ref().map(|f| format!("{} {}", u16::from(f.code), f.reason));
-                    push_error(
-                        &mut local.borrow_mut().errors,
-                        format!("server closed a connection: {}", why.unwrap_or_default()),
-                    );
-                }
-                return;
-            }
-            _ => continue,
-        };
+    fn handle(&mut self, inc: Incoming<'_>, recv_us: u64) {
+        let shared = &self.shared;
         match inc {
             Incoming::Msg(d) => {
                 shared.received.fetch_add(1, Relaxed);
-                let mut l = local.borrow_mut();
-                let slot = spec.topic_index(d.topic).and_then(|n| assignment.slot(id, n));
+                let mut l = self.local.borrow_mut();
+                let slot = self
+                    .spec
+                    .topic_index(d.topic)
+                    .and_then(|n| self.assignment.slot(self.id, n));
                 if let Some(s) = slot {
-                    tracks.borrow_mut()[s].on_message(d.seq, &mut l.counts);
+                    self.tracks.borrow_mut()[s].on_message(d.seq, &mut l.counts);
                 } else {
                     l.counts.received += 1;
                 }
@@ -584,17 +647,20 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
                             stats::record(&mut l.pub_to_server, ts as i64 - send as i64);
                             stats::record(&mut l.server_to_sub, recv_us as i64 - ts as i64);
                         }
-                        if spec.record_raw {
+                        if self.spec.record_raw {
                             l.raw.push((send, d.ts.unwrap_or(0), recv_us));
                         }
                     }
                 }
             }
             Incoming::Dropped { topic, count } => {
-                let mut l = local.borrow_mut();
-                let slot = spec.topic_index(topic.as_bytes()).and_then(|n| assignment.slot(id, n));
+                let mut l = self.local.borrow_mut();
+                let slot = self
+                    .spec
+                    .topic_index(topic.as_bytes())
+                    .and_then(|n| self.assignment.slot(self.id, n));
                 match slot {
-                    Some(s) => tracks.borrow_mut()[s].on_dropped(count, &mut l.counts),
+                    Some(s) => self.tracks.borrow_mut()[s].on_dropped(count, &mut l.counts),
                     None => {
                         l.counts.discard_notices += 1;
                         l.counts.discarded += count;
@@ -602,22 +668,28 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
                 }
             }
             Incoming::Subscribed => {
-                pending_subs = pending_subs.saturating_sub(1);
-                if pending_subs == 0 {
+                self.pending_subs = self.pending_subs.saturating_sub(1);
+                if self.pending_subs == 0 {
                     shared.ready.fetch_add(1, Relaxed);
                 }
             }
-            Incoming::Error(e) => push_error(&mut local.borrow_mut().errors, format!("server error: {e}")),
+            Incoming::Error(e) => push_error(
+                &mut self.local.borrow_mut().errors,
+                format!("server error: {e}"),
+            ),
             Incoming::Other => {}
         }
     }
 }
 
-type Sink = futures_util::stream::SplitSink<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, Message>;
+type Sink = futures_util::stream::SplitSink<
+    tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    Message,
+>;
 
 async fn trade(
     local: Rc<RefCell<Local>>,
-    sink: Rc<tokio::sync::Mutex<Sink>>,
+    mut sink: Sink,
     topic: String,
     t: TraderSpec,
     stop: Rc<tokio::sync::Notify>,
@@ -641,7 +713,7 @@ async fn trade(
         if shared.stop.load(Relaxed) {
             return;
         }
-        let mut s = sink.lock().await;
+        let s = &mut sink;
         // Never more than 16 catch-up orders at once: a trader that fell behind does not flood.
         let n = (due - sent).min(16);
         for _ in 0..n {
@@ -652,7 +724,10 @@ async fn trade(
             }
             sent += 1;
             shared.orders.fetch_add(1, Relaxed);
-            let (ws, we) = (shared.win_start_us.load(Relaxed), shared.win_end_us.load(Relaxed));
+            let (ws, we) = (
+                shared.win_start_us.load(Relaxed),
+                shared.win_end_us.load(Relaxed),
+            );
             if now >= ws && now < we {
                 local.borrow_mut().window_orders += 1;
             }
@@ -687,6 +762,7 @@ mod tests {
             topic_names: vec!["NFLX".into(), "TSLA".into()],
             connect_rate: 1.0,
             max_message: 1,
+            read_buffer: 4096,
             bind_sources: false,
             record_raw: false,
             trader: None,
@@ -703,7 +779,10 @@ mod tests {
         s.counts.lost = 2;
         let back = s.to_wire();
         let json = serde_json::to_string(&back).unwrap();
-        let s2 = serde_json::from_str::<SnapshotWire>(&json).unwrap().into_snapshot().unwrap();
+        let s2 = serde_json::from_str::<SnapshotWire>(&json)
+            .unwrap()
+            .into_snapshot()
+            .unwrap();
         assert_eq!(s2.latency.len(), 1);
         assert_eq!(s2.counts.lost, 2);
     }

@@ -68,11 +68,16 @@ pub struct Publisher {
 
 type Ws = WebSocket<TcpStream>;
 
+/// The shortest sleep of a publisher: its pacing resolution. At 20,000 msg/s it sends about
+/// four messages per wake-up instead of waking for each.
+pub const PACING_QUANTUM: Duration = Duration::from_micros(200);
+
 pub fn connect(url: &str, max_message: usize) -> Result<Ws> {
     let uri: tungstenite::http::Uri = url.parse().with_context(|| format!("bad url {url:?}"))?;
     let host = uri.host().context("url has no host")?;
     let port = uri.port_u16().unwrap_or(80);
-    let stream = TcpStream::connect((host, port)).with_context(|| format!("cannot connect to {host}:{port}"))?;
+    let stream = TcpStream::connect((host, port))
+        .with_context(|| format!("cannot connect to {host}:{port}"))?;
     stream.set_nodelay(true)?;
     let cfg = WebSocketConfig::default()
         .max_message_size(Some(max_message))
@@ -115,7 +120,10 @@ impl Publisher {
         if let Some(t) = self.thread.take() {
             match t.join() {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => push_error(&mut self.stats.errors.lock().unwrap(), format!("publisher: {e:#}")),
+                Ok(Err(e)) => push_error(
+                    &mut self.stats.errors.lock().unwrap(),
+                    format!("publisher: {e:#}"),
+                ),
                 Err(_) => bail!("publisher thread panicked"),
             }
         }
@@ -140,7 +148,10 @@ fn poll_incoming(ws: &mut Ws, stats: &PubStats) -> Result<()> {
         match ws.read() {
             Ok(Message::Text(t)) => {
                 if let wire::Incoming::Error(e) = wire::parse_text(t.as_bytes()) {
-                    push_error(&mut stats.errors.lock().unwrap(), format!("server error to publisher: {e}"));
+                    push_error(
+                        &mut stats.errors.lock().unwrap(),
+                        format!("server error to publisher: {e}"),
+                    );
                 }
             }
             Ok(Message::Close(f)) => {
@@ -159,7 +170,13 @@ fn poll_incoming(ws: &mut Ws, stats: &PubStats) -> Result<()> {
     Ok(())
 }
 
-fn run(mut ws: Ws, spec: PubSpec, stats: Arc<PubStats>, stop: Arc<AtomicBool>, go: Arc<AtomicBool>) -> Result<()> {
+fn run(
+    mut ws: Ws,
+    spec: PubSpec,
+    stats: Arc<PubStats>,
+    stop: Arc<AtomicBool>,
+    go: Arc<AtomicBool>,
+) -> Result<()> {
     while !go.load(Relaxed) {
         if stop.load(Relaxed) {
             return Ok(());
@@ -183,8 +200,10 @@ fn run(mut ws: Ws, spec: PubSpec, stats: Arc<PubStats>, stop: Arc<AtomicBool>, g
             let at = spec.schedule.due_at(i);
             let now = start.elapsed();
             if at > now {
-                // Sleep at most 50 ms at a time so a stop is noticed.
-                std::thread::sleep((at - now).min(Duration::from_millis(50)));
+                // Sleep at least PACING_QUANTUM (fewer wake-ups at high rates: the messages due
+                // meanwhile go out together, each stamped when written) and at most 50 ms so
+                // a stop is noticed.
+                std::thread::sleep((at - now).clamp(PACING_QUANTUM, Duration::from_millis(50)));
             }
             continue;
         }
@@ -211,7 +230,10 @@ fn run(mut ws: Ws, spec: PubSpec, stats: Arc<PubStats>, stop: Arc<AtomicBool>, g
             let msg = if spec.binary {
                 if spec.payload >= 64 * 1024 {
                     if big.as_ref().is_none_or(|(t, _)| t != topic) {
-                        big = Some((topic.clone(), wire::binary_pub(topic, now, i, spec.payload, spec.stamp)));
+                        big = Some((
+                            topic.clone(),
+                            wire::binary_pub(topic, now, i, spec.payload, spec.stamp),
+                        ));
                     }
                     // Copy first, stamp last: the copy is not part of the latency.
                     let mut frame = big.as_ref().unwrap().1.clone();

@@ -144,7 +144,7 @@ fn fmt_int(x: f64) -> String {
     let s = n.abs().to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -231,7 +231,11 @@ pub fn markdown(r: &RunReport) -> String {
         r.machine.cores,
         r.machine.mem_gib,
         r.machine.bench_cores,
-        if r.machine.pinned { ", server pinned to core 0, bench to core 1" } else { "" },
+        if r.machine.pinned {
+            ", server pinned to core 0, bench to core 1"
+        } else {
+            ""
+        },
         r.target,
         if r.spawned { " (spawned)" } else { "" }
     );
@@ -268,8 +272,15 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
             let _ = writeln!(o, "**{label}**\n");
         }
         let filtering = r.kind == Kind::Filtering;
-        let first = if filtering { "Discard Msg Rate (achieved)" } else { "#clients" };
-        let _ = write!(o, "| {first} | Total Egress Msg Rate (expected) | Egress achieved |");
+        let first = if filtering {
+            "Discard Msg Rate (achieved)"
+        } else {
+            "#clients"
+        };
+        let _ = write!(
+            o,
+            "| {first} | Total Egress Msg Rate (expected) | Egress achieved |"
+        );
         if big {
             let _ = write!(o, " Egress User BW (Mbps) |");
         }
@@ -281,8 +292,16 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
         let _ = writeln!(o, "|{}", "---:|".repeat(cols - 1) + "---|");
         for s in &steps {
             let first = if filtering {
-                let asked = s.extra.get("discard_rate").and_then(|v| v.as_f64()).unwrap_or(0.0);
-                let got = s.extra.get("discard_rate_achieved").and_then(|v| v.as_f64()).unwrap_or(0.0);
+                let asked = s
+                    .extra
+                    .get("discard_rate")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0);
+                let got = s
+                    .extra
+                    .get("discard_rate_achieved")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0);
                 format!("{} ({})", fmt_int(asked), fmt_int(got))
             } else {
                 fmt_int(s.clients as f64)
@@ -331,9 +350,18 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
 
 fn proxy_tables(o: &mut String, r: &RunReport) {
     for (title, key) in [
-        ("Time between publisher and herald (publish → server), mean over trials", "pub_to_server_trials"),
-        ("Time between herald and subscriber (server → subscriber), mean over trials", "server_to_sub_trials"),
-        ("End to end (publish → subscriber), mean over trials", "end_to_end_trials"),
+        (
+            "Time between publisher and herald (publish → server), mean over trials",
+            "pub_to_server_trials",
+        ),
+        (
+            "Time between herald and subscriber (server → subscriber), mean over trials",
+            "server_to_sub_trials",
+        ),
+        (
+            "End to end (publish → subscriber), mean over trials",
+            "end_to_end_trials",
+        ),
     ] {
         let _ = writeln!(o, "**{title}**\n");
         let _ = writeln!(
@@ -342,14 +370,26 @@ fn proxy_tables(o: &mut String, r: &RunReport) {
         );
         let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for s in &r.steps {
-            let interval = s.extra.get("interval_ms").and_then(|v| v.as_f64()).unwrap_or(0.0);
-            let label = if interval <= 0.0 { "burst (0)".to_string() } else { format!("{interval}") };
+            let interval = s
+                .extra
+                .get("interval_ms")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.0);
+            let label = if interval <= 0.0 {
+                "burst (0)".to_string()
+            } else {
+                format!("{interval}")
+            };
             let sum: Summary = s
                 .extra
                 .get(key)
                 .and_then(|v| serde_json::from_value(v.clone()).ok())
                 .unwrap_or_default();
-            let missing = s.extra.get("missing_per_trial").and_then(|v| v.as_f64()).unwrap_or(0.0);
+            let missing = s
+                .extra
+                .get("missing_per_trial")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.0);
             let trials = s.extra.get("trials").and_then(|v| v.as_u64()).unwrap_or(0);
             let _ = writeln!(
                 o,
@@ -371,7 +411,10 @@ fn stock_table(o: &mut String, r: &RunReport) {
         o,
         "| clients | traders | tx/s (orders offered) | tx/s achieved | deliveries/s expected | deliveries/s achieved | mean herald → client (µs) | mean end to end (µs) | p99 end to end (µs) | lost | bench CPU | notes |"
     );
-    let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(
+        o,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
     for s in &r.steps {
         let traders = s.extra.get("traders").and_then(|v| v.as_u64()).unwrap_or(0);
         let _ = writeln!(
@@ -382,7 +425,10 @@ fn stock_table(o: &mut String, r: &RunReport) {
             fmt_int(s.publish_rate),
             fmt_int(s.egress_expected),
             fmt_int(s.egress_achieved),
-            s.server_to_sub_us.as_ref().map(|l| fmt_us(l.mean)).unwrap_or_else(|| "-".into()),
+            s.server_to_sub_us
+                .as_ref()
+                .map(|l| fmt_us(l.mean))
+                .unwrap_or_else(|| "-".into()),
             fmt_us(s.latency_us.mean),
             fmt_us(s.latency_us.p99),
             s.lost,
@@ -400,11 +446,27 @@ fn images_table(o: &mut String, r: &RunReport) {
     );
     let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for s in &r.steps {
-        let side = s.extra.get("image_side").and_then(|v| v.as_u64()).unwrap_or(0);
-        let bpp = s.extra.get("bytes_per_pixel").and_then(|v| v.as_u64()).unwrap_or(2);
+        let side = s
+            .extra
+            .get("image_side")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        let bpp = s
+            .extra
+            .get("bytes_per_pixel")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(2);
         let n = s.extra.get("images").and_then(|v| v.as_u64()).unwrap_or(0);
-        let ips = s.extra.get("images_per_s").and_then(|v| v.as_f64()).unwrap_or(0.0);
-        let mbps = s.extra.get("mb_per_s").and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let ips = s
+            .extra
+            .get("images_per_s")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(0.0);
+        let mbps = s
+            .extra
+            .get("mb_per_s")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(0.0);
         let l = &s.latency_us;
         let _ = writeln!(
             o,
@@ -422,22 +484,27 @@ fn images_table(o: &mut String, r: &RunReport) {
 
 /// The x value of a step for the plot: the last swept parameter (clients when nothing is swept).
 fn x_of(s: &StepResult) -> (String, f64) {
-    match s.swept.iter().last() {
+    match s.swept.iter().next_back() {
         Some((k, v)) => (k.clone(), v.as_f64().unwrap_or(0.0)),
         None => ("clients".into(), s.clients as f64),
     }
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
+
+/// A plotted statistic: name, colour, and how to read it from a summary.
+type Series = (&'static str, &'static str, fn(&Summary) -> f64);
 
 /// Latency percentiles against the swept parameter, as a standalone SVG.
 pub fn svg(r: &RunReport) -> String {
     let (w, h) = (860.0f64, 520.0f64);
     let (ml, mr, mt, mb) = (80.0, 180.0, 50.0, 60.0);
     let (pw, ph) = (w - ml - mr, h - mt - mb);
-    let series_def: [(&str, &str, fn(&Summary) -> f64); 5] = [
+    let series_def: [Series; 5] = [
         ("mean", "#1f77b4", |s| s.mean),
         ("median", "#2ca02c", |s| s.p50),
         ("p99", "#ff7f0e", |s| s.p99),
@@ -446,15 +513,27 @@ pub fn svg(r: &RunReport) -> String {
     ];
     let dashes = ["", "6,4", "2,3", "10,3,2,3"];
     let gs = groups(&r.steps);
-    let xname = r.steps.first().map(|s| x_of(s).0).unwrap_or_else(|| "step".into());
+    let xname = r
+        .steps
+        .first()
+        .map(|s| x_of(s).0)
+        .unwrap_or_else(|| "step".into());
     let pts: Vec<(f64, f64)> = r
         .steps
         .iter()
-        .flat_map(|s| series_def.iter().map(move |(_, _, f)| (x_of(s).1, f(&s.latency_us))))
+        .flat_map(|s| {
+            series_def
+                .iter()
+                .map(move |(_, _, f)| (x_of(s).1, f(&s.latency_us)))
+        })
         .collect();
     let xmin = pts.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
     let xmax = pts.iter().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
-    let ymin_raw = pts.iter().map(|p| p.1).filter(|&y| y > 0.0).fold(f64::INFINITY, f64::min);
+    let ymin_raw = pts
+        .iter()
+        .map(|p| p.1)
+        .filter(|&y| y > 0.0)
+        .fold(f64::INFINITY, f64::min);
     let ymax_raw = pts.iter().map(|p| p.1).fold(0.0f64, f64::max);
     let (xmin, xmax) = if !xmin.is_finite() || xmax <= xmin {
         (xmin.min(0.0).min(xmax), xmin.max(0.0) + 1.0)
@@ -463,7 +542,10 @@ pub fn svg(r: &RunReport) -> String {
     };
     let log = ymin_raw.is_finite() && ymax_raw / ymin_raw > 50.0;
     let (ylo, yhi) = if log {
-        (10f64.powf(ymin_raw.log10().floor()), 10f64.powf(ymax_raw.log10().ceil()))
+        (
+            10f64.powf(ymin_raw.log10().floor()),
+            10f64.powf(ymax_raw.log10().ceil()),
+        )
     } else {
         (0.0, (ymax_raw * 1.1).max(1.0))
     };
@@ -499,7 +581,9 @@ pub fn svg(r: &RunReport) -> String {
         }
         v
     } else {
-        (0..=5).map(|i| ylo + (yhi - ylo) * i as f64 / 5.0).collect()
+        (0..=5)
+            .map(|i| ylo + (yhi - ylo) * i as f64 / 5.0)
+            .collect()
     };
     for t in &yticks {
         let y = sy(*t);
@@ -555,13 +639,20 @@ pub fn svg(r: &RunReport) -> String {
             for (i, s) in steps.iter().enumerate() {
                 let (x, y) = (sx(x_of(s).1), sy(f(&s.latency_us)));
                 let _ = write!(path, "{}{x:.1},{y:.1} ", if i == 0 { "M" } else { "L" });
-                let _ = write!(o, r#"<circle cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{color}"/>"#);
+                let _ = write!(
+                    o,
+                    r#"<circle cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{color}"/>"#
+                );
             }
             let _ = writeln!(
                 o,
                 r#"<path d="{path}" fill="none" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>"#
             );
-            let text = if label.is_empty() { name.to_string() } else { format!("{name} ({label})") };
+            let text = if label.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name} ({label})")
+            };
             let lx = ml + pw + 12.0;
             let _ = writeln!(
                 o,
@@ -575,7 +666,12 @@ pub fn svg(r: &RunReport) -> String {
         }
         legend_y += 6.0;
     }
-    let sat: Vec<f64> = r.steps.iter().filter(|s| s.bench_cpu_saturated).map(|s| x_of(s).1).collect();
+    let sat: Vec<f64> = r
+        .steps
+        .iter()
+        .filter(|s| s.bench_cpu_saturated)
+        .map(|s| x_of(s).1)
+        .collect();
     for x in sat {
         let _ = writeln!(
             o,
@@ -616,7 +712,12 @@ mod tests {
             started_unix: 0,
             target: "ws://127.0.0.1:1/ws".into(),
             spawned: false,
-            machine: Machine { cores: 2, mem_gib: 24, bench_cores: 1, pinned: true },
+            machine: Machine {
+                cores: 2,
+                mem_gib: 24,
+                bench_cores: 1,
+                pinned: true,
+            },
             steps,
             summary: Default::default(),
         }
@@ -625,10 +726,18 @@ mod tests {
     #[test]
     fn markdown_has_seed_columns_and_the_warning() {
         let md = markdown(&report(Kind::Fanout));
-        assert!(md.contains("| #clients | Total Egress Msg Rate (expected)"), "{md}");
+        assert!(
+            md.contains("| #clients | Total Egress Msg Rate (expected)"),
+            "{md}"
+        );
         assert!(md.contains("| 2,000 | 100,000 | 99,800 |"), "{md}");
         assert!(md.contains("bench's limit"));
-        for k in [Kind::Filtering, Kind::ProxyLatency, Kind::StockExchange, Kind::Images] {
+        for k in [
+            Kind::Filtering,
+            Kind::ProxyLatency,
+            Kind::StockExchange,
+            Kind::Images,
+        ] {
             assert!(!markdown(&report(k)).is_empty());
         }
     }
@@ -638,8 +747,15 @@ mod tests {
         let v = serde_json::to_value(report(Kind::Fanout)).unwrap();
         let s = &v["steps"][0];
         for k in [
-            "clients", "egress_expected", "egress_achieved", "publish_rate", "lost", "duplicates",
-            "out_of_order", "discard_notices", "bench_cpu_saturated",
+            "clients",
+            "egress_expected",
+            "egress_achieved",
+            "publish_rate",
+            "lost",
+            "duplicates",
+            "out_of_order",
+            "discard_notices",
+            "bench_cpu_saturated",
         ] {
             assert!(s.get(k).is_some(), "missing {k}");
         }

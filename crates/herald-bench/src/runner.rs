@@ -38,7 +38,12 @@ impl Ctx {
     }
 
     /// Sleeps until `until`, updating the progress line.
-    fn wait_until(&mut self, until: Instant, groups: &[Group], what: &dyn Fn(&crate::load::Progress, f64) -> String) -> Result<()> {
+    fn wait_until(
+        &mut self,
+        until: Instant,
+        groups: &[Group],
+        what: &dyn Fn(&crate::load::Progress, f64) -> String,
+    ) -> Result<()> {
         let mut last = (Instant::now(), group::progress(groups).received);
         while Instant::now() < until {
             self.check_stop()?;
@@ -74,7 +79,11 @@ pub fn run_all(
             for (i, s) in steps.iter().enumerate() {
                 let r = fanout_step(ctx, &s.params, &format!("step {}/{}", i + 1, steps.len()))?;
                 let mean = r.latency_us.mean;
-                let achieved = r.extra.get("discard_rate_achieved").and_then(|v| v.as_f64()).unwrap_or(0.0);
+                let achieved = r
+                    .extra
+                    .get("discard_rate_achieved")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0);
                 let base = *baseline.get_or_insert(mean);
                 let moved = if base > 0.0 { mean / base - 1.0 } else { 0.0 };
                 let mut r = r;
@@ -87,13 +96,19 @@ pub fn run_all(
                         moved * 100.0,
                         s.params.max_latency_increase * 100.0
                     ));
-                    summary.insert("stopped_at_discard_rate".into(), json!(s.params.discard_rate));
+                    summary.insert(
+                        "stopped_at_discard_rate".into(),
+                        json!(s.params.discard_rate),
+                    );
                     break;
                 }
                 held = Some(held.map_or(achieved, |h: f64| h.max(achieved)));
             }
             summary.insert("max_discard_rate_held".into(), json!(held.unwrap_or(0.0)));
-            summary.insert("baseline_mean_latency_us".into(), json!(baseline.unwrap_or(0.0)));
+            summary.insert(
+                "baseline_mean_latency_us".into(),
+                json!(baseline.unwrap_or(0.0)),
+            );
         }
         Kind::ProxyLatency => {
             for (i, s) in steps.iter().enumerate() {
@@ -157,14 +172,19 @@ fn client_spec(ctx: &Ctx, p: &Params, max_message: usize) -> ClientSpec {
         topic_names: p.topic_names.clone(),
         connect_rate: p.connect_rate,
         max_message,
+        // A few messages' worth: tungstenite zeroes the whole buffer on each read.
+        read_buffer: ((p.payload as usize + 256) * 8).clamp(4096, 128 * 1024),
         bind_sources: p.clients > 25_000,
         record_raw: false,
         trader: None,
     }
 }
 
+/// A range of client numbers, `from..to`.
+type Range = (u64, u64);
+
 /// Starts the groups for `clients` subscribers and spreads the client numbers over them.
-fn start_groups(spec: &ClientSpec, p: &Params, clients: u64) -> Result<(Vec<Group>, Vec<(u64, u64)>)> {
+fn start_groups(spec: &ClientSpec, p: &Params, clients: u64) -> Result<(Vec<Group>, Vec<Range>)> {
     let max = p.max_conns_per_process.max(1);
     let (n, processes) = if clients > max {
         (clients.div_ceil(max) as usize, true)
@@ -347,7 +367,11 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     if p.discard_rate > 0.0 {
         let dp = p.discard_publishers.max(1);
         let dt = p.discard_topics.max(1);
-        let dtopics = Arc::new((0..dt).map(|i| format!("{}/{i}", p.discard_prefix)).collect::<Vec<_>>());
+        let dtopics = Arc::new(
+            (0..dt)
+                .map(|i| format!("{}/{i}", p.discard_prefix))
+                .collect::<Vec<_>>(),
+        );
         let dspread = Spread::new(dt, 1);
         for i in 0..dp {
             discard.push(Publisher::start(
@@ -421,7 +445,10 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     r.errors.extend(errors);
     if p.discard_rate > 0.0 || r.extra.is_empty() {
         r.extra.insert("discard_rate".into(), json!(p.discard_rate));
-        r.extra.insert("discard_rate_achieved".into(), json!((d1 - d0) as f64 / wall));
+        r.extra.insert(
+            "discard_rate_achieved".into(),
+            json!((d1 - d0) as f64 / wall),
+        );
     }
     Ok(r)
 }
@@ -506,15 +533,29 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         sent_total += publ.sent();
         errors.extend(publ.stop()?);
         let deadline = Instant::now() + Duration::from_secs_f64(p.trial_timeout);
-        while group::progress(&groups).received - base < expected_per_trial && Instant::now() < deadline {
+        while group::progress(&groups).received - base < expected_per_trial
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(2));
         }
         let snap = collect_all(&groups)?;
         let n = snap.raw.len() as u64;
         missing_total += expected_per_trial.saturating_sub(n);
-        let l1: Vec<i64> = snap.raw.iter().map(|&(s, ts, _)| ts as i64 - s as i64).collect();
-        let l2: Vec<i64> = snap.raw.iter().map(|&(_, ts, r)| r as i64 - ts as i64).collect();
-        let e2e: Vec<i64> = snap.raw.iter().map(|&(s, _, r)| r as i64 - s as i64).collect();
+        let l1: Vec<i64> = snap
+            .raw
+            .iter()
+            .map(|&(s, ts, _)| ts as i64 - s as i64)
+            .collect();
+        let l2: Vec<i64> = snap
+            .raw
+            .iter()
+            .map(|&(_, ts, r)| r as i64 - ts as i64)
+            .collect();
+        let e2e: Vec<i64> = snap
+            .raw
+            .iter()
+            .map(|&(s, _, r)| r as i64 - s as i64)
+            .collect();
         per_trial[0].push(Summary::from_values(&l1));
         per_trial[1].push(Summary::from_values(&l2));
         per_trial[2].push(Summary::from_values(&e2e));
@@ -530,7 +571,11 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     r.bench_cpu_cores = my_cpu / elapsed.max(1e-9);
     r.bench_cpu_saturated = r.bench_cpu_cores > 0.9 * ctx.bench_cores as f64;
     r.publish_rate = sent_total as f64 / send_time.max(1e-9);
-    r.publish_expected = if interval.is_zero() { r.publish_rate } else { 1.0 / interval.as_secs_f64() };
+    r.publish_expected = if interval.is_zero() {
+        r.publish_rate
+    } else {
+        1.0 / interval.as_secs_f64()
+    };
     r.egress_expected = r.publish_expected * p.clients as f64;
     r.lost = r.lost.max(missing_total);
     r.disconnects = closed;
@@ -538,20 +583,38 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     r.extra.insert("interval_ms".into(), json!(p.interval_ms));
     r.extra.insert("trials".into(), json!(trials));
     r.extra.insert("messages_per_trial".into(), json!(messages));
-    r.extra.insert("missing_per_trial".into(), json!(missing_total as f64 / trials as f64));
-    r.extra.insert("pub_to_server_trials".into(), serde_json::to_value(Summary::mean_of(&per_trial[0]))?);
-    r.extra.insert("server_to_sub_trials".into(), serde_json::to_value(Summary::mean_of(&per_trial[1]))?);
-    r.extra.insert("end_to_end_trials".into(), serde_json::to_value(Summary::mean_of(&per_trial[2]))?);
+    r.extra.insert(
+        "missing_per_trial".into(),
+        json!(missing_total as f64 / trials as f64),
+    );
+    r.extra.insert(
+        "pub_to_server_trials".into(),
+        serde_json::to_value(Summary::mean_of(&per_trial[0]))?,
+    );
+    r.extra.insert(
+        "server_to_sub_trials".into(),
+        serde_json::to_value(Summary::mean_of(&per_trial[1]))?,
+    );
+    r.extra.insert(
+        "end_to_end_trials".into(),
+        serde_json::to_value(Summary::mean_of(&per_trial[2]))?,
+    );
     Ok(r)
 }
 
 /// Seed 004: clients added step by step; traders publish orders on their share.
 fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
-    let Some(first) = steps.first() else { return Ok(vec![]) };
+    let Some(first) = steps.first() else {
+        return Ok(vec![]);
+    };
     let p0 = &first.params;
     let max_clients = steps.iter().map(|s| s.params.clients).max().unwrap_or(0);
     let mut spec = client_spec(ctx, p0, 1 << 20);
-    let every = if p0.trader_fraction > 0.0 { (1.0 / p0.trader_fraction).round().max(1.0) as u64 } else { 0 };
+    let every = if p0.trader_fraction > 0.0 {
+        (1.0 / p0.trader_fraction).round().max(1.0) as u64
+    } else {
+        0
+    };
     let trader = TraderSpec {
         every,
         block: p0.topic_count(),
@@ -572,7 +635,10 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
         let label = format!("step {}/{}", si + 1, steps.len());
         if p.clients > have {
             // Spread the new clients over the groups.
-            for (g, (a, b)) in groups.iter().zip(split(p.clients - have, groups.len() as u64)) {
+            for (g, (a, b)) in groups
+                .iter()
+                .zip(split(p.clients - have, groups.len() as u64))
+            {
                 if b > a {
                     g.add(have + a, have + b)?;
                 }
@@ -596,14 +662,21 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
         while Instant::now() < end {
             let next = (Instant::now() + Duration::from_secs_f64(p.report_every)).min(end);
             ctx.wait_until(next, &groups, &|pr, rate| {
-                format!("{label}: clients {have}: orders {}, receiving {rate:.0}/s", pr.orders)
+                format!(
+                    "{label}: clients {have}: orders {}, receiving {rate:.0}/s",
+                    pr.orders
+                )
             })?;
             let snap = collect_all(&groups)?;
             let orders = group::progress(&groups).orders;
             let dt = last.0.elapsed().as_secs_f64();
             let tx = (orders - last.1) as f64 / dt.max(1e-9);
             last = (Instant::now(), orders);
-            let mean_leg2 = if snap.server_to_sub.is_empty() { f64::NAN } else { snap.server_to_sub.mean() };
+            let mean_leg2 = if snap.server_to_sub.is_empty() {
+                f64::NAN
+            } else {
+                snap.server_to_sub.mean()
+            };
             ctx.progress.line(&format!(
                 "clients: {have}, tx/second: {tx:.1}, deliveries/second: {:.1}, mean server→client latency: {:.3} ms, mean end-to-end: {:.3} ms",
                 snap.window_received as f64 / dt.max(1e-9),
@@ -655,7 +728,14 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let bytes = p.image_bytes() as usize;
     let max_message = bytes + (1 << 20);
     let spec = client_spec(ctx, &p, max_message);
-    let (groups, ranges) = start_groups(&spec, &Params { bench_threads: 1, ..p.clone() }, p.clients)?;
+    let (groups, ranges) = start_groups(
+        &spec,
+        &Params {
+            bench_threads: 1,
+            ..p.clone()
+        },
+        p.clients,
+    )?;
     for (g, (a, b)) in groups.iter().zip(&ranges) {
         g.add(*a, *b)?;
     }
@@ -663,7 +743,9 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     for g in &groups {
         g.set_window(0, u64::MAX)?;
     }
-    let Group::Local(pool) = &groups[0] else { bail!("images run in one process") };
+    let Group::Local(pool) = &groups[0] else {
+        bail!("images run in one process")
+    };
     let go = Arc::new(AtomicBool::new(false));
     let publ = Publisher::start(
         PubSpec {
@@ -724,11 +806,16 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     r.disconnects = closed;
     r.errors.append(&mut errors);
     r.extra.insert("image_side".into(), json!(p.image_side));
-    r.extra.insert("bytes_per_pixel".into(), json!(p.bytes_per_pixel));
+    r.extra
+        .insert("bytes_per_pixel".into(), json!(p.bytes_per_pixel));
     r.extra.insert("image_bytes".into(), json!(bytes));
     r.extra.insert("images".into(), json!(full));
-    r.extra.insert("images_per_s".into(), json!(full as f64 / elapsed));
-    r.extra.insert("mb_per_s".into(), json!(full as f64 * bytes as f64 / elapsed / 1e6));
+    r.extra
+        .insert("images_per_s".into(), json!(full as f64 / elapsed));
+    r.extra.insert(
+        "mb_per_s".into(),
+        json!(full as f64 * bytes as f64 / elapsed / 1e6),
+    );
     r.extra.insert("wait_timeouts".into(), json!(timeouts));
     Ok(r)
 }
@@ -744,5 +831,4 @@ mod tests {
         let parts = split(45_000, 3);
         assert_eq!(parts.last().unwrap().1, 45_000);
     }
-
 }

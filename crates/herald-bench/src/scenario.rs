@@ -336,8 +336,13 @@ impl Scenario {
                 let swept = combo
                     .iter()
                     .map(|(k, _)| {
-                        let v = toml::Value::try_from(&p).ok().and_then(|t| t.get(k).cloned());
-                        (k.clone(), v.map(toml_to_json).unwrap_or(serde_json::Value::Null))
+                        let v = toml::Value::try_from(&p)
+                            .ok()
+                            .and_then(|t| t.get(k).cloned());
+                        (
+                            k.clone(),
+                            v.map(toml_to_json).unwrap_or(serde_json::Value::Null),
+                        )
                     })
                     .collect();
                 Ok(Step { params: p, swept })
@@ -417,7 +422,9 @@ values = [1000, 2000, 3000]
         assert_eq!(steps.len(), 1);
         assert_eq!(steps[0].params.clients, 10);
         assert_eq!(steps[0].params.payload, 1024);
-        let steps = s.steps(&[parse_assignment("duration=2").unwrap()], true).unwrap();
+        let steps = s
+            .steps(&[parse_assignment("duration=2").unwrap()], true)
+            .unwrap();
         assert_eq!(steps.len(), 1);
         assert_eq!(steps[0].params.duration, 2.0);
     }
@@ -433,7 +440,10 @@ values = [1000, 2000, 3000]
         assert!(p.set("binary", toml::Value::Integer(1)).is_err());
         assert_eq!(parse_value("true"), toml::Value::Boolean(true));
         assert_eq!(parse_value("abc"), toml::Value::String("abc".into()));
-        assert!(Scenario::parse("kind = \"fanout\"\n[[sweep]]\nparam = \"nope\"\nvalues = [1]").is_err());
+        assert!(
+            Scenario::parse("kind = \"fanout\"\n[[sweep]]\nparam = \"nope\"\nvalues = [1]")
+                .is_err()
+        );
     }
 
     #[test]

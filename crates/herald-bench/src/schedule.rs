@@ -89,7 +89,9 @@ impl Spread {
         if t <= 2 {
             return Spread { topics: t, step: 1 };
         }
-        let mut k = ((t as f64 * 0.618_033_988_7) as u64).max(min_gap.min(t - 1)).max(1);
+        let mut k = ((t as f64 * 0.618_033_988_7) as u64)
+            .max(min_gap.min(t - 1))
+            .max(1);
         while gcd(k, t) != 1 {
             k += 1;
             if k >= t {
@@ -187,7 +189,14 @@ mod tests {
 
     #[test]
     fn spread_visits_every_topic_once_per_round_and_far_apart() {
-        for (t, gap) in [(10_000u64, 100u64), (20_000, 100), (5, 1), (7, 3), (1, 1), (2, 1)] {
+        for (t, gap) in [
+            (10_000u64, 100u64),
+            (20_000, 100),
+            (5, 1),
+            (7, 3),
+            (1, 1),
+            (2, 1),
+        ] {
             let sp = Spread::new(t, gap);
             assert_eq!(gcd(sp.step(), t), 1, "t={t} k={}", sp.step());
             let mut seen = vec![false; t as usize];
@@ -223,7 +232,7 @@ mod tests {
         assert_eq!(a.slot(0, 100), None);
         assert_eq!(a.slot(99, 9_999), Some(99)); // block 9,900..9,999
         assert_eq!(a.slot(100, 0), Some(0)); // wraps round
-        // Stock exchange: 5 shares, one each.
+                                             // Stock exchange: 5 shares, one each.
         let s = Assignment::new(5, 1);
         assert_eq!(s.topics_of(7).collect::<Vec<_>>(), vec![2]);
         // More subscriptions than topics are capped.

@@ -33,12 +33,15 @@ impl Server {
     pub fn start(bin: Option<PathBuf>, extra_args: &[String], pin: bool) -> Result<Server> {
         let bin = match bin {
             Some(b) => b,
-            None => std::env::current_exe().context("cannot find the herald executable to spawn")?,
+            None => {
+                std::env::current_exe().context("cannot find the herald executable to spawn")?
+            }
         };
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let log = std::env::temp_dir().join(format!("herald-bench-serve-{port}.log"));
-        let logf = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let logf = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
         let mut cmd = Command::new(&bin);
         cmd.arg("serve")
             .arg("--listen")
@@ -75,7 +78,15 @@ impl Server {
         loop {
             if let Some(status) = self.child.try_wait()? {
                 let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
-                let tail: String = tail.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                let tail: String = tail
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
                 bail!("the spawned herald server exited ({status}) before it was healthy; its log ({}):\n{tail}", self.log.display());
             }
             if healthz(self.addr).unwrap_or(false) {
@@ -127,7 +138,10 @@ impl Drop for Server {
 pub fn healthz(addr: SocketAddr) -> Result<bool> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(s, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut buf = [0u8; 64];
     let n = s.read(&mut buf)?;
     let head = String::from_utf8_lossy(&buf[..n]);

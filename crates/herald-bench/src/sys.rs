@@ -25,7 +25,9 @@ pub fn allowed_cores() -> usize {
             }
         }
     }
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Online cores on the machine.
@@ -78,7 +80,11 @@ pub fn pin_current_thread(core: usize) -> std::io::Result<()> {
 pub fn pin_process(core: usize) -> std::io::Result<()> {
     let set = cpu_set(core);
     for e in std::fs::read_dir("/proc/self/task")? {
-        let Some(tid) = e?.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else {
+        let Some(tid) = e?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<libc::pid_t>().ok())
+        else {
             continue;
         };
         // SAFETY: as above, for a thread id of this process.

@@ -25,12 +25,24 @@ pub fn sub_frame(topic: &str) -> String {
 
 /// Writes a text publish frame into `buf` (cleared first). `payload` is the total `data` length;
 /// the timestamp and counter always fit, even past it.
-pub fn text_pub(buf: &mut String, topic: &str, send_us: u64, counter: u64, payload: usize, stamp: bool, text: &str) {
+pub fn text_pub(
+    buf: &mut String,
+    topic: &str,
+    send_us: u64,
+    counter: u64,
+    payload: usize,
+    stamp: bool,
+    text: &str,
+) {
     use std::fmt::Write;
     buf.clear();
     buf.push_str("{\"op\":\"pub\",\"topic\":\"");
     buf.push_str(topic);
-    buf.push_str(if stamp { "\",\"stamp\":true,\"data\":\"" } else { "\",\"data\":\"" });
+    buf.push_str(if stamp {
+        "\",\"stamp\":true,\"data\":\""
+    } else {
+        "\",\"data\":\""
+    });
     let start = buf.len();
     let _ = write!(buf, "{send_us}:{counter}:");
     buf.push_str(text);
@@ -121,9 +133,11 @@ fn find_str<'a>(s: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
 /// Reads a text frame.
 pub fn parse_text(s: &[u8]) -> Incoming<'_> {
     if memmem::find(s, b"\"op\":\"msg\"").is_some() {
-        if let (Some(seq), Some(topic), Some(data)) =
-            (find_u64(s, b"\"seq\":"), find_str(s, b"\"topic\":\""), find_str(s, b"\"data\":\""))
-        {
+        if let (Some(seq), Some(topic), Some(data)) = (
+            find_u64(s, b"\"seq\":"),
+            find_str(s, b"\"topic\":\""),
+            find_str(s, b"\"data\":\""),
+        ) {
             return Incoming::Msg(Delivery {
                 topic,
                 seq,
@@ -173,10 +187,14 @@ pub fn parse_binary(b: &[u8]) -> Incoming<'_> {
     if memmem::find(header, b"\"op\":\"msg\"").is_none() {
         return slow_path(header);
     }
-    let (Some(seq), Some(topic)) = (find_u64(header, b"\"seq\":"), find_str(header, b"\"topic\":\"")) else {
+    let (Some(seq), Some(topic)) = (
+        find_u64(header, b"\"seq\":"),
+        find_str(header, b"\"topic\":\""),
+    ) else {
         return Incoming::Other;
     };
-    let send_us = (payload.len() >= 16).then(|| u64::from_be_bytes(payload[..8].try_into().unwrap()));
+    let send_us =
+        (payload.len() >= 16).then(|| u64::from_be_bytes(payload[..8].try_into().unwrap()));
     Incoming::Msg(Delivery {
         topic,
         seq,
@@ -214,7 +232,9 @@ mod tests {
         let msg = format!(
             "{{\"op\":\"msg\",\"topic\":\"t/12\",\"seq\":42,\"epoch\":\"5c1e\",\"data\":\"{data}\",\"ts\":1763888000123470}}"
         );
-        let Incoming::Msg(d) = parse_text(msg.as_bytes()) else { panic!() };
+        let Incoming::Msg(d) = parse_text(msg.as_bytes()) else {
+            panic!()
+        };
         assert_eq!(d.topic, b"t/12");
         assert_eq!(d.seq, 42);
         assert_eq!(d.ts, Some(1_763_888_000_123_470));
@@ -226,7 +246,9 @@ mod tests {
     #[test]
     fn field_order_does_not_matter_and_ts_is_optional() {
         let msg = br#"{"data":"5:1:Hello World!","seq":3,"topic":"a/b","op":"msg","epoch":"e"}"#;
-        let Incoming::Msg(d) = parse_text(msg) else { panic!() };
+        let Incoming::Msg(d) = parse_text(msg) else {
+            panic!()
+        };
         assert_eq!((d.seq, d.ts, d.send_us), (3, None, Some(5)));
         assert_eq!(topic_number(d.topic), None);
     }
@@ -235,9 +257,15 @@ mod tests {
     fn control_frames() {
         assert_eq!(
             parse_text(br#"{"op":"dropped","topic":"t/1","count":17}"#),
-            Incoming::Dropped { topic: "t/1".into(), count: 17 }
+            Incoming::Dropped {
+                topic: "t/1".into(),
+                count: 17
+            }
         );
-        assert_eq!(parse_text(br#"{"op":"subscribed","topic":"t/1"}"#), Incoming::Subscribed);
+        assert_eq!(
+            parse_text(br#"{"op":"subscribed","topic":"t/1"}"#),
+            Incoming::Subscribed
+        );
         assert!(matches!(
             parse_text(br#"{"op":"error","code":"invalid_topic","message":"x"}"#),
             Incoming::Error(e) if e.starts_with("invalid_topic")
@@ -258,8 +286,13 @@ mod tests {
         let mut d = (header.len() as u32).to_be_bytes().to_vec();
         d.extend_from_slice(header);
         d.extend_from_slice(&f[4 + hl..]);
-        let Incoming::Msg(m) = parse_binary(&d) else { panic!() };
-        assert_eq!((m.seq, m.ts, m.send_us, m.len), (9, Some(130), Some(123), 1000));
+        let Incoming::Msg(m) = parse_binary(&d) else {
+            panic!()
+        };
+        assert_eq!(
+            (m.seq, m.ts, m.send_us, m.len),
+            (9, Some(130), Some(123), 1000)
+        );
         assert_eq!(parse_binary(&[0, 0, 0, 50, b'{']), Incoming::Other);
     }
 }

@@ -43,7 +43,14 @@ fn run(name: &str, extra: &[&str]) -> Value {
         .arg(scenario(name))
         .arg("--spawn-bin")
         .arg(&bin)
-        .args(["--duration", "2", "--set", "warmup=0.5", "--quiet", "--json"])
+        .args([
+            "--duration",
+            "2",
+            "--set",
+            "warmup=0.5",
+            "--quiet",
+            "--json",
+        ])
         .arg(&json)
         .arg("--plot")
         .arg(&svg)
@@ -57,9 +64,16 @@ fn run(name: &str, extra: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(t0.elapsed().as_secs() < 120, "{name} took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed().as_secs() < 120,
+        "{name} took {:?}",
+        t0.elapsed()
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("| "), "{name}: no Markdown table on stdout:\n{stdout}");
+    assert!(
+        stdout.contains("| "),
+        "{name}: no Markdown table on stdout:\n{stdout}"
+    );
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
@@ -67,18 +81,48 @@ fn run(name: &str, extra: &[&str]) -> Value {
 
 /// The fields scripts rely on (issue 3), on every step.
 fn check(name: &str, v: &Value) {
-    let steps = v["steps"].as_array().unwrap_or_else(|| panic!("{name}: no steps"));
-    assert_eq!(steps.len(), 1, "{name}: --duration collapses the sweep to one step");
+    let steps = v["steps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{name}: no steps"));
+    assert_eq!(
+        steps.len(),
+        1,
+        "{name}: --duration collapses the sweep to one step"
+    );
     for s in steps {
-        for k in ["clients", "egress_expected", "egress_achieved", "publish_rate", "lost", "duplicates", "out_of_order", "discard_notices"] {
-            assert!(s[k].is_number(), "{name}: step field {k} missing or not a number: {s}");
+        for k in [
+            "clients",
+            "egress_expected",
+            "egress_achieved",
+            "publish_rate",
+            "lost",
+            "duplicates",
+            "out_of_order",
+            "discard_notices",
+        ] {
+            assert!(
+                s[k].is_number(),
+                "{name}: step field {k} missing or not a number: {s}"
+            );
         }
-        assert!(s["bench_cpu_saturated"].is_boolean(), "{name}: bench_cpu_saturated");
+        assert!(
+            s["bench_cpu_saturated"].is_boolean(),
+            "{name}: bench_cpu_saturated"
+        );
         for k in ["min", "mean", "p50", "p99", "p999", "max", "stdev"] {
-            assert!(s["latency_us"][k].is_number(), "{name}: latency_us.{k} missing: {s}");
+            assert!(
+                s["latency_us"][k].is_number(),
+                "{name}: latency_us.{k} missing: {s}"
+            );
         }
-        assert!(s["egress_achieved"].as_f64().unwrap() > 0.0, "{name}: nothing delivered: {s}");
-        assert!(s["latency_us"]["count"].as_u64().unwrap() > 0, "{name}: no latency sample");
+        assert!(
+            s["egress_achieved"].as_f64().unwrap() > 0.0,
+            "{name}: nothing delivered: {s}"
+        );
+        assert!(
+            s["latency_us"]["count"].as_u64().unwrap() > 0,
+            "{name}: no latency sample"
+        );
         // Integrity on an unloaded loopback: nothing lost, duplicated or reordered.
         for k in ["lost", "duplicates", "out_of_order"] {
             assert_eq!(s[k].as_u64(), Some(0), "{name}: {k} on a tiny run: {s}");
@@ -96,22 +140,36 @@ fn solace_high() {
     assert_eq!(s["clients"], 20);
     // 20 clients × 100 subscriptions / 10,000 topics × 5,000 msg/s = 1,000 msg/s
     assert_eq!(s["egress_expected"].as_f64(), Some(1000.0));
-    assert!(s["pub_to_server_us"]["mean"].is_number(), "stamped legs reported");
+    assert!(
+        s["pub_to_server_us"]["mean"].is_number(),
+        "stamped legs reported"
+    );
 }
 
 #[test]
 #[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
 fn solace_very_high() {
-    check("solace-3.1.2-very-high", &run("solace-3.1.2-very-high", &["--clients", "20"]));
+    check(
+        "solace-3.1.2-very-high",
+        &run("solace-3.1.2-very-high", &["--clients", "20"]),
+    );
 }
 
 #[test]
 #[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
 fn solace_filtering() {
-    let v = run("solace-3.2-filtering", &["--clients", "20", "--set", "discard_rate=20000"]);
+    let v = run(
+        "solace-3.2-filtering",
+        &["--clients", "20", "--set", "discard_rate=20000"],
+    );
     check("solace-3.2-filtering", &v);
     assert!(v["summary"]["max_discard_rate_held"].is_number());
-    assert!(v["steps"][0]["extra"]["discard_rate_achieved"].as_f64().unwrap() > 0.0);
+    assert!(
+        v["steps"][0]["extra"]["discard_rate_achieved"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
 }
 
 #[test]
