@@ -496,6 +496,16 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// A round axis step (1, 2 or 5 × 10^k) at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * p)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * p)
+}
+
 /// A plotted statistic: name, colour, and how to read it from a summary.
 type Series = (&'static str, &'static str, fn(&Summary) -> f64);
 
@@ -540,14 +550,15 @@ pub fn svg(r: &RunReport) -> String {
     } else {
         (xmin, xmax)
     };
-    let log = ymin_raw.is_finite() && ymax_raw / ymin_raw > 50.0;
+    let log = ymin_raw.is_finite() && ymax_raw / ymin_raw > 20.0;
+    let step = nice_step(ymax_raw.max(1.0) / 5.0);
     let (ylo, yhi) = if log {
         (
             10f64.powf(ymin_raw.log10().floor()),
             10f64.powf(ymax_raw.log10().ceil()),
         )
     } else {
-        (0.0, (ymax_raw * 1.1).max(1.0))
+        (0.0, (ymax_raw / step).ceil().max(1.0) * step)
     };
     let sx = |x: f64| ml + (x - xmin) / (xmax - xmin) * pw;
     let sy = |y: f64| {
@@ -581,9 +592,8 @@ pub fn svg(r: &RunReport) -> String {
         }
         v
     } else {
-        (0..=5)
-            .map(|i| ylo + (yhi - ylo) * i as f64 / 5.0)
-            .collect()
+        let n = ((yhi - ylo) / step).round() as usize;
+        (0..=n).map(|i| ylo + step * i as f64).collect()
     };
     for t in &yticks {
         let y = sy(*t);
