@@ -89,7 +89,8 @@ fn lookups(c: &mut Criterion) {
         fx.index.for_each_match(t, |_| total += 1);
     }
     for t in &fx.unsubscribed {
-        fx.index.for_each_match(t, |_| panic!("{t} should match nothing"));
+        fx.index
+            .for_each_match(t, |_| panic!("{t} should match nothing"));
     }
     eprintln!(
         "index: {} entries; subscribed probes match {:.1} keys on average",

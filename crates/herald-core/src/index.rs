@@ -104,7 +104,10 @@ impl<K: Copy + Eq> SubscriptionIndex<K> {
                     if !node.literal.contains_key(level.as_bytes()) {
                         node.literal.insert(Level::new(level), Node::default());
                     }
-                    node = node.literal.get_mut(level.as_bytes()).expect("just inserted");
+                    node = node
+                        .literal
+                        .get_mut(level.as_bytes())
+                        .expect("just inserted");
                 }
             }
         };

@@ -284,10 +284,19 @@ mod tests {
             assert_eq!(err_pattern(s), want, "{s}");
         }
         // Patterns are held to the same rule.
-        assert!(matches!(err_pattern("*//>"), TopicError::EmptyLevel { level: 2, .. }));
-        assert!(matches!(err_pattern("*/"), TopicError::EmptyLevel { level: 2, .. }));
+        assert!(matches!(
+            err_pattern("*//>"),
+            TopicError::EmptyLevel { level: 2, .. }
+        ));
+        assert!(matches!(
+            err_pattern("*/"),
+            TopicError::EmptyLevel { level: 2, .. }
+        ));
         // Left to right: `>` followed by anything is reported before the empty level after it.
-        assert!(matches!(err_pattern(">/"), TopicError::GtNotLast { level: 1, .. }));
+        assert!(matches!(
+            err_pattern(">/"),
+            TopicError::GtNotLast { level: 1, .. }
+        ));
     }
 
     #[test]
@@ -411,7 +420,13 @@ mod tests {
 
     #[test]
     fn gt_only_last() {
-        for (s, level) in [(">/a", 1), ("a/>/b", 2), (">/>", 1), ("a/>/*", 2), ("*/>/>", 2)] {
+        for (s, level) in [
+            (">/a", 1),
+            ("a/>/b", 2),
+            (">/>", 1),
+            ("a/>/*", 2),
+            ("*/>/>", 2),
+        ] {
             let e = err_pattern(s);
             assert_eq!(
                 e,
