@@ -27,6 +27,24 @@ type LevelMap<V> = HashMap<Level, V, foldhash::fast::RandomState>;
 ///
 /// `K` is whatever identifies a subscriber to the caller (a connection id, a slot index); it is
 /// copied out on every match, so it should be small.
+///
+/// ```
+/// use herald_core::index::SubscriptionIndex;
+///
+/// let mut ix = SubscriptionIndex::new();
+/// ix.insert("quotes/fx/EURUSD", 1u32);
+/// ix.insert("quotes/*/EURUSD", 2);
+/// ix.insert("quotes/>", 3);
+/// ix.insert("quotes/>", 1); // key 1 now holds two patterns that overlap
+///
+/// let mut keys = Vec::new();
+/// ix.for_each_match("quotes/fx/EURUSD", |k| keys.push(k));
+/// keys.sort();
+/// assert_eq!(keys, [1, 1, 2, 3]); // the caller dedupes per key
+///
+/// assert!(ix.remove("quotes/>", 3));
+/// assert_eq!(ix.len(), 3);
+/// ```
 #[derive(Debug, Clone)]
 pub struct SubscriptionIndex<K> {
     root: Node<K>,
