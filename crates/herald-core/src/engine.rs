@@ -7,7 +7,9 @@
 
 use crate::index::SubscriptionIndex;
 use crate::topic;
-use crate::wire::{self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe};
+use crate::wire::{
+    self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 
@@ -15,6 +17,12 @@ use std::collections::{HashMap, VecDeque};
 /// writer; tests collect them.
 pub trait Outbox {
     fn send(&self, frame: &Frame);
+}
+
+impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
+    fn send(&self, frame: &Frame) {
+        (**self).send(frame)
+    }
 }
 
 /// How much history topics keep: the first rule whose pattern matches a topic applies to it.
@@ -114,10 +122,13 @@ impl TopicState {
 
     fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
         self.last = Some(stored.frame.clone());
-        let Some(rule) = rule.filter(|r| r.max_messages > 0) else { return };
+        let Some(rule) = rule.filter(|r| r.max_messages > 0) else {
+            return;
+        };
         self.history_bytes += stored.frame.len();
         self.history.push_back(stored);
-        while self.history.len() > rule.max_messages || (self.history_bytes > rule.max_bytes && self.history.len() > 1)
+        while self.history.len() > rule.max_messages
+            || (self.history_bytes > rule.max_bytes && self.history.len() > 1)
         {
             let old = self.history.pop_front().expect("non-empty");
             self.history_bytes -= old.frame.len();
@@ -166,7 +177,11 @@ impl<O: Outbox> Engine<O> {
     }
 
     pub fn connect(&mut self, outbox: O) -> ConnId {
-        let conn = Some(Conn { outbox, patterns: Vec::new(), seen: 0 });
+        let conn = Some(Conn {
+            outbox,
+            patterns: Vec::new(),
+            seen: 0,
+        });
         match self.free.pop() {
             Some(id) => {
                 self.conns[id as usize] = conn;
@@ -208,11 +223,23 @@ impl<O: Outbox> Engine<O> {
 
     /// Carries out one request from connection `conn`; replies and errors go to its outbox.
     /// Returns what a publish did (for metrics), or the error code of a failed request.
-    pub fn handle(&mut self, conn: ConnId, request: Request, now_us: u64) -> Result<Option<Published>, &'static str> {
+    pub fn handle(
+        &mut self,
+        conn: ConnId,
+        request: Request,
+        now_us: u64,
+    ) -> Result<Option<Published>, &'static str> {
         let result = match request {
             Request::Publish(p) => self.publish(&p, now_us).map(|published| {
                 if let Some(id) = p.id {
-                    self.reply(conn, &Reply::Ack { id, topic: p.topic, seq: published.seq });
+                    self.reply(
+                        conn,
+                        &Reply::Ack {
+                            id,
+                            topic: p.topic,
+                            seq: published.seq,
+                        },
+                    );
                 }
                 Some(published)
             }),
@@ -245,7 +272,8 @@ impl<O: Outbox> Engine<O> {
     /// records it, and hands it to every matching connection once.
     pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
         let fail = |e: ProtocolError| e.with_id(p.id.clone());
-        topic::validate_topic(&p.topic).map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
+        topic::validate_topic(&p.topic)
+            .map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
         if p.payload.len() > self.config.max_message_bytes {
             return Err(fail(ProtocolError::new(
                 "message_too_large",
@@ -257,10 +285,19 @@ impl<O: Outbox> Engine<O> {
             )));
         }
         if p.kind == wire::PayloadKind::Text && std::str::from_utf8(&p.payload).is_err() {
-            return Err(fail(ProtocolError::new("bad_frame", "a text payload must be valid UTF-8")));
+            return Err(fail(ProtocolError::new(
+                "bad_frame",
+                "a text payload must be valid UTF-8",
+            )));
         }
         let config = &self.config;
-        let state = topic_entry(&mut self.topics, config, self.epoch_seed, &mut self.topics_created, &p.topic);
+        let state = topic_entry(
+            &mut self.topics,
+            config,
+            self.epoch_seed,
+            &mut self.topics_created,
+            &p.topic,
+        );
         state.seq += 1;
         let meta = MessageMeta {
             topic: &p.topic,
@@ -275,7 +312,14 @@ impl<O: Outbox> Engine<O> {
         if let Some(rule) = rule {
             state.trim_by_age(rule, now_us);
         }
-        state.record(rule, Stored { seq, at_us: now_us, frame: frame.clone() });
+        state.record(
+            rule,
+            Stored {
+                seq,
+                at_us: now_us,
+                frame: frame.clone(),
+            },
+        );
 
         self.publish_count += 1;
         let generation = self.publish_count;
@@ -290,18 +334,30 @@ impl<O: Outbox> Engine<O> {
                 }
             }
         });
-        Ok(Published { seq, deliveries, frame_len: frame.len() })
+        Ok(Published {
+            seq,
+            deliveries,
+            frame_len: frame.len(),
+        })
     }
 
     #[cfg(test)]
     fn topic_state(&mut self, name: &str) -> &mut TopicState {
-        topic_entry(&mut self.topics, &self.config, self.epoch_seed, &mut self.topics_created, name)
+        topic_entry(
+            &mut self.topics,
+            &self.config,
+            self.epoch_seed,
+            &mut self.topics_created,
+            name,
+        )
     }
 
     fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
         let fail = |code, msg: String| ProtocolError::new(code, msg).with_id(s.id.clone());
         topic::validate_pattern(&s.topic).map_err(|e| fail(e.code(), e.to_string()))?;
-        let Some(c) = self.conn(conn) else { return Ok(()) };
+        let Some(c) = self.conn(conn) else {
+            return Ok(());
+        };
         let already = c.patterns.iter().any(|p| **p == *s.topic);
         let max = self.config.max_subscriptions_per_connection;
         if !already && c.patterns.len() >= max {
@@ -316,7 +372,10 @@ impl<O: Outbox> Engine<O> {
             if topic::validate_topic(name).is_err() || !topic::matches(&s.topic, name) {
                 return Err(fail(
                     "invalid_topic",
-                    format!("`since` names {name:?}, which is not a topic that pattern {:?} matches", s.topic),
+                    format!(
+                        "`since` names {name:?}, which is not a topic that pattern {:?} matches",
+                        s.topic
+                    ),
                 ));
             }
         }
@@ -325,14 +384,22 @@ impl<O: Outbox> Engine<O> {
         let mut gaps = Vec::new();
         for (name, pos) in since {
             let Some(state) = self.topics.get_mut(name.as_str()) else {
-                gaps.push(Gap { topic: name.clone(), reason: GapReason::UnknownTopic });
+                gaps.push(Gap {
+                    topic: name.clone(),
+                    reason: GapReason::UnknownTopic,
+                });
                 continue;
             };
             if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
                 state.trim_by_age(rule, now_us);
             }
             if state.epoch != pos.epoch {
-                gaps.push(Gap { topic: name.clone(), reason: GapReason::EpochChanged { epoch: state.epoch.clone() } });
+                gaps.push(Gap {
+                    topic: name.clone(),
+                    reason: GapReason::EpochChanged {
+                        epoch: state.epoch.clone(),
+                    },
+                });
                 frames.extend(state.history.iter().map(|m| m.frame.clone()));
                 continue;
             }
@@ -342,9 +409,21 @@ impl<O: Outbox> Engine<O> {
             }
             let oldest = state.history.front().map_or(state.seq + 1, |m| m.seq);
             if oldest > next {
-                gaps.push(Gap { topic: name.clone(), reason: GapReason::HistoryTrimmed { from: next, to: oldest - 1 } });
+                gaps.push(Gap {
+                    topic: name.clone(),
+                    reason: GapReason::HistoryTrimmed {
+                        from: next,
+                        to: oldest - 1,
+                    },
+                });
             }
-            frames.extend(state.history.iter().filter(|m| m.seq >= next).map(|m| m.frame.clone()));
+            frames.extend(
+                state
+                    .history
+                    .iter()
+                    .filter(|m| m.seq >= next)
+                    .map(|m| m.frame.clone()),
+            );
         }
         if s.snapshot {
             frames.extend(self.last_values(&s.topic, &s.since));
@@ -353,7 +432,11 @@ impl<O: Outbox> Engine<O> {
         if !already {
             self.index.insert(&s.topic, conn);
             self.subscriptions += 1;
-            self.conns[conn as usize].as_mut().expect("checked above").patterns.push(s.topic.as_str().into());
+            self.conns[conn as usize]
+                .as_mut()
+                .expect("checked above")
+                .patterns
+                .push(s.topic.as_str().into());
         }
         let reply = Reply::Subscribed {
             id: s.id,
@@ -372,23 +455,43 @@ impl<O: Outbox> Engine<O> {
     /// The last value of every topic `pattern` matches, except those in `skip`, by topic name.
     fn last_values(&self, pattern: &str, skip: &HashMap<String, wire::Position>) -> Vec<Frame> {
         if !topic::is_pattern(pattern) {
-            return self.topics.get(pattern).and_then(|t| t.last.clone()).filter(|_| !skip.contains_key(pattern)).into_iter().collect();
+            return self
+                .topics
+                .get(pattern)
+                .and_then(|t| t.last.clone())
+                .filter(|_| !skip.contains_key(pattern))
+                .into_iter()
+                .collect();
         }
         let mut found: Vec<_> = self
             .topics
             .iter()
-            .filter(|(name, t)| t.last.is_some() && !skip.contains_key(&***name) && topic::matches(pattern, name))
+            .filter(|(name, t)| {
+                t.last.is_some() && !skip.contains_key(&***name) && topic::matches(pattern, name)
+            })
             .collect();
         found.sort_by(|a, b| a.0.cmp(b.0));
-        found.into_iter().filter_map(|(_, t)| t.last.clone()).collect()
+        found
+            .into_iter()
+            .filter_map(|(_, t)| t.last.clone())
+            .collect()
     }
 
-    fn unsubscribe(&mut self, conn: ConnId, id: Option<wire::RequestId>, pattern: String) -> Result<(), ProtocolError> {
-        let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else { return Ok(()) };
+    fn unsubscribe(
+        &mut self,
+        conn: ConnId,
+        id: Option<wire::RequestId>,
+        pattern: String,
+    ) -> Result<(), ProtocolError> {
+        let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
         let Some(at) = c.patterns.iter().position(|p| **p == *pattern) else {
             return Err(ProtocolError::new(
                 "not_subscribed",
-                format!("this connection holds no subscription to {pattern:?}; nothing to unsubscribe"),
+                format!(
+                    "this connection holds no subscription to {pattern:?}; nothing to unsubscribe"
+                ),
             )
             .with_id(id));
         };
@@ -412,8 +515,18 @@ fn topic_entry<'a>(
     if !topics.contains_key(name) {
         *created += 1;
         let epoch = format!("{:012x}", splitmix64(epoch_seed ^ *created) >> 16);
-        let rule = config.history.iter().position(|r| topic::matches(&r.pattern, name));
-        let state = TopicState { seq: 0, epoch, rule, history: VecDeque::new(), history_bytes: 0, last: None };
+        let rule = config
+            .history
+            .iter()
+            .position(|r| topic::matches(&r.pattern, name));
+        let state = TopicState {
+            seq: 0,
+            epoch,
+            rule,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            last: None,
+        };
         topics.insert(name.into(), state);
     }
     topics.get_mut(name).expect("inserted above")

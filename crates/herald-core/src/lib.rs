@@ -1,8 +1,17 @@
-//! herald's pure core: topic names and patterns, and the index that matches published topics
-//! against subscriptions.
+//! herald's pure core: everything about routing a message that does not touch a socket or a
+//! clock. No I/O and no async runtime here, so it is tested and fuzzed directly.
 //!
-//! Nothing in this crate does I/O or needs an async runtime, so every rule here can be tested
-//! deterministically and reused by the server, the bench and the CLI alike.
+//! - [`topic`]: the topic and pattern grammar (`a/b`, `a/*/c`, `a/>`), validation, matching.
+//! - [`index`]: the subscription index, a trie that finds who a topic's message goes to.
+//! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
+//! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
+//! - [`outbox`]: a connection's bounded outbound queue.
 
+pub mod engine;
 pub mod index;
+pub mod outbox;
 pub mod topic;
+pub mod wire;
+
+#[cfg(test)]
+mod test_support;

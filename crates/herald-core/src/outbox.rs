@@ -32,7 +32,12 @@ impl OutboundQueue {
     /// A queue that holds at most `limit` bytes. One frame larger than the limit is still
     /// accepted into an empty queue: the bound limits the backlog, not the message size.
     pub fn new(limit: usize) -> Self {
-        OutboundQueue { frames: VecDeque::new(), bytes: 0, limit, closed: false }
+        OutboundQueue {
+            frames: VecDeque::new(),
+            bytes: 0,
+            limit,
+            closed: false,
+        }
     }
 
     pub fn push(&mut self, frame: Frame) -> Pushed {
@@ -98,7 +103,10 @@ mod tests {
     use bytes::Bytes;
 
     fn frame(n: usize) -> Frame {
-        Frame { head: Bytes::from(vec![0; n]), body: Bytes::new() }
+        Frame {
+            head: Bytes::from(vec![0; n]),
+            body: Bytes::new(),
+        }
     }
 
     #[test]

@@ -9,7 +9,10 @@ pub fn unframe(frame: &Frame) -> (u8, Vec<u8>) {
     assert_eq!(bytes[1] & 0x80, 0, "server frames are unmasked");
     let (len, start) = match bytes[1] & 0x7F {
         126 => (u16::from_be_bytes([bytes[2], bytes[3]]) as usize, 4),
-        127 => (u64::from_be_bytes(bytes[2..10].try_into().unwrap()) as usize, 10),
+        127 => (
+            u64::from_be_bytes(bytes[2..10].try_into().unwrap()) as usize,
+            10,
+        ),
         n => (n as usize, 2),
     };
     assert_eq!(bytes.len() - start, len, "length field matches");

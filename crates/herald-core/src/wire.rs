@@ -71,9 +71,14 @@ pub struct Position {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request {
     Subscribe(Subscribe),
-    Unsubscribe { id: Option<RequestId>, topic: String },
+    Unsubscribe {
+        id: Option<RequestId>,
+        topic: String,
+    },
     Publish(Publish),
-    Ping { id: Option<RequestId> },
+    Ping {
+        id: Option<RequestId>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -105,7 +110,11 @@ pub struct ProtocolError {
 
 impl ProtocolError {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        ProtocolError { id: None, code, message: message.into() }
+        ProtocolError {
+            id: None,
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn with_id(mut self, id: Option<RequestId>) -> Self {
@@ -138,9 +147,16 @@ struct RawRequest<'a> {
 
 /// Decodes a text frame: one JSON object.
 pub fn decode_text(text: &str) -> Result<Request, ProtocolError> {
-    let raw = parse_object(text)
-        .map_err(|e| ProtocolError::new("bad_json", format!("request is not a valid JSON object: {e}")))?;
-    let data = raw.data.as_ref().map(|d| Bytes::copy_from_slice(d.as_bytes()));
+    let raw = parse_object(text).map_err(|e| {
+        ProtocolError::new(
+            "bad_json",
+            format!("request is not a valid JSON object: {e}"),
+        )
+    })?;
+    let data = raw
+        .data
+        .as_ref()
+        .map(|d| Bytes::copy_from_slice(d.as_bytes()));
     into_request(raw, data.map(|d| (d, PayloadKind::Text)))
 }
 
@@ -149,7 +165,10 @@ pub fn decode_text(text: &str) -> Result<Request, ProtocolError> {
 pub fn decode_binary(frame: Bytes) -> Result<Request, ProtocolError> {
     let (head, payload_at) = split_binary(&frame)?;
     let raw = parse_object(head).map_err(|e| {
-        ProtocolError::new("bad_frame", format!("binary frame header is not a valid JSON object: {e}"))
+        ProtocolError::new(
+            "bad_frame",
+            format!("binary frame header is not a valid JSON object: {e}"),
+        )
     })?;
     if raw.data.is_some() {
         return Err(ProtocolError::new(
@@ -168,7 +187,10 @@ pub fn split_binary(frame: &[u8]) -> Result<(&str, usize), ProtocolError> {
     if frame.len() < 4 {
         return Err(ProtocolError::new(
             "bad_frame",
-            format!("binary frame of {} bytes is shorter than its 4-byte header length", frame.len()),
+            format!(
+                "binary frame of {} bytes is shorter than its 4-byte header length",
+                frame.len()
+            ),
         ));
     }
     let head_len = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
@@ -195,16 +217,27 @@ fn parse_object(text: &str) -> Result<RawRequest<'_>, String> {
     serde_json::from_str(text).map_err(|e| e.to_string())
 }
 
-fn into_request(raw: RawRequest, payload: Option<(Bytes, PayloadKind)>) -> Result<Request, ProtocolError> {
+fn into_request(
+    raw: RawRequest,
+    payload: Option<(Bytes, PayloadKind)>,
+) -> Result<Request, ProtocolError> {
     let id = raw.id;
     if let Some(bad) = id.as_ref().filter(|v| !(v.is_number() || v.is_string())) {
-        return Err(ProtocolError::new("bad_json", format!("`id` must be a number or a string, not {bad}")));
+        return Err(ProtocolError::new(
+            "bad_json",
+            format!("`id` must be a number or a string, not {bad}"),
+        ));
     }
-    let missing =
-        |field: &str, op: &str| ProtocolError::new("missing_field", format!("`{op}` needs a `{field}` field")).with_id(id.clone());
-    let op = raw.op.as_deref().ok_or_else(|| {
-        ProtocolError::new("unknown_op", "request has no `op` field; expected one of sub, unsub, pub, ping")
+    let missing = |field: &str, op: &str| {
+        ProtocolError::new("missing_field", format!("`{op}` needs a `{field}` field"))
             .with_id(id.clone())
+    };
+    let op = raw.op.as_deref().ok_or_else(|| {
+        ProtocolError::new(
+            "unknown_op",
+            "request has no `op` field; expected one of sub, unsub, pub, ping",
+        )
+        .with_id(id.clone())
     })?;
     match op {
         "sub" => Ok(Request::Subscribe(Subscribe {
@@ -213,7 +246,10 @@ fn into_request(raw: RawRequest, payload: Option<(Bytes, PayloadKind)>) -> Resul
             since: raw.since,
             id,
         })),
-        "unsub" => Ok(Request::Unsubscribe { topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(), id }),
+        "unsub" => Ok(Request::Unsubscribe {
+            topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
+            id,
+        }),
         "pub" => {
             let topic = raw.topic.ok_or_else(|| missing("topic", op))?.into_owned();
             let (payload, kind) = payload.ok_or_else(|| missing("data", op))?;
@@ -250,7 +286,8 @@ pub struct MessageMeta<'a> {
 pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) -> Frame {
     match kind {
         PayloadKind::Text => {
-            let text = std::str::from_utf8(payload).expect("text payloads are validated UTF-8 when published");
+            let text = std::str::from_utf8(payload)
+                .expect("text payloads are validated UTF-8 when published");
             let mut json = Vec::with_capacity(payload.len() + meta.topic.len() + 64);
             write_meta_fields(&mut json, meta);
             json.extend_from_slice(b",\"data\":");
@@ -261,7 +298,10 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
             let mut buf = BytesMut::with_capacity(head.len() + json.len());
             buf.put_slice(&head);
             buf.put_slice(&json);
-            Frame { head: buf.freeze(), body: Bytes::new() }
+            Frame {
+                head: buf.freeze(),
+                body: Bytes::new(),
+            }
         }
         PayloadKind::Binary => {
             let mut json = Vec::with_capacity(meta.topic.len() + 64);
@@ -272,7 +312,10 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
             buf.put_slice(&head);
             buf.put_u32(json.len() as u32);
             buf.put_slice(&json);
-            Frame { head: buf.freeze(), body: payload.clone() }
+            Frame {
+                head: buf.freeze(),
+                body: payload.clone(),
+            }
         }
     }
 }
@@ -345,7 +388,11 @@ pub enum Reply {
 
 impl From<ProtocolError> for Reply {
     fn from(e: ProtocolError) -> Self {
-        Reply::Error { id: e.id, code: e.code, message: e.message }
+        Reply::Error {
+            id: e.id,
+            code: e.code,
+            message: e.message,
+        }
     }
 }
 
@@ -374,7 +421,10 @@ pub fn encode_reply(reply: &Reply) -> Frame {
     let mut buf = BytesMut::with_capacity(json.len() + 10);
     buf.put_slice(&ws_header(OpCode::Text, json.len()));
     buf.put_slice(&json);
-    Frame { head: buf.freeze(), body: Bytes::new() }
+    Frame {
+        head: buf.freeze(),
+        body: Bytes::new(),
+    }
 }
 
 /// Encodes a close frame. The reason is cut to fit the 123 bytes a control frame allows.
@@ -395,7 +445,10 @@ pub fn encode_control(op: OpCode, payload: &[u8]) -> Frame {
     let mut buf = BytesMut::with_capacity(2 + payload.len());
     buf.put_slice(&ws_header(op, payload.len()));
     buf.put_slice(payload);
-    Frame { head: buf.freeze(), body: Bytes::new() }
+    Frame {
+        head: buf.freeze(),
+        body: Bytes::new(),
+    }
 }
 
 /// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2).
@@ -423,27 +476,53 @@ mod tests {
     use serde_json::{json, Value};
 
     fn meta<'a>(topic: &'a str, ct: Option<&'a str>, ts: Option<u64>) -> MessageMeta<'a> {
-        MessageMeta { topic, seq: 42, epoch: "e1", content_type: ct, timestamp_us: ts }
+        MessageMeta {
+            topic,
+            seq: 42,
+            epoch: "e1",
+            content_type: ct,
+            timestamp_us: ts,
+        }
     }
 
     #[test]
     fn decodes_every_op() {
         let sub = decode_text(r#"{"op":"sub","id":1,"topic":"a/*","snapshot":true,"since":{"a/b":{"seq":3,"epoch":"x"}}}"#)
             .unwrap();
-        let Request::Subscribe(s) = sub else { panic!("{sub:?}") };
-        assert_eq!((s.topic.as_str(), s.snapshot, s.id), ("a/*", true, Some(json!(1))));
-        assert_eq!(s.since["a/b"], Position { seq: 3, epoch: "x".into() });
+        let Request::Subscribe(s) = sub else {
+            panic!("{sub:?}")
+        };
+        assert_eq!(
+            (s.topic.as_str(), s.snapshot, s.id),
+            ("a/*", true, Some(json!(1)))
+        );
+        assert_eq!(
+            s.since["a/b"],
+            Position {
+                seq: 3,
+                epoch: "x".into()
+            }
+        );
 
         assert_eq!(
             decode_text(r#"{"op":"unsub","id":"u","topic":"a/>"}"#).unwrap(),
-            Request::Unsubscribe { id: Some(json!("u")), topic: "a/>".into() }
+            Request::Unsubscribe {
+                id: Some(json!("u")),
+                topic: "a/>".into()
+            }
         );
         let Request::Publish(p) = decode_text(r#"{"op":"pub","topic":"a/b","data":"h\u00e9\n","stamp":true,"ct":"text/plain","extra":1}"#).unwrap() else {
             panic!()
         };
         assert_eq!(&p.payload[..], "hé\n".as_bytes());
-        assert_eq!((p.kind, p.stamp, p.content_type.as_deref()), (PayloadKind::Text, true, Some("text/plain")));
-        assert_eq!(decode_text(r#"{"op":"ping"}"#).unwrap(), Request::Ping { id: None });
+        assert_eq!(
+            (p.kind, p.stamp, p.content_type.as_deref()),
+            (PayloadKind::Text, true, Some("text/plain"))
+        );
+        assert_eq!(
+            decode_text(r#"{"op":"ping"}"#).unwrap(),
+            Request::Ping { id: None }
+        );
     }
 
     #[test]
@@ -463,8 +542,14 @@ mod tests {
             assert_eq!(err.code, code, "{input}: {err}");
             assert!(!err.message.is_empty());
         }
-        assert_eq!(decode_text(r#"{"op":"dance","id":7}"#).unwrap_err().id, Some(json!(7)));
-        assert!(decode_text(r#"{"op":"dance"}"#).unwrap_err().message.contains("dance"));
+        assert_eq!(
+            decode_text(r#"{"op":"dance","id":7}"#).unwrap_err().id,
+            Some(json!(7))
+        );
+        assert!(decode_text(r#"{"op":"dance"}"#)
+            .unwrap_err()
+            .message
+            .contains("dance"));
     }
 
     #[test]
@@ -474,16 +559,33 @@ mod tests {
         frame.extend_from_slice(head);
         frame.extend_from_slice(&[0, 1, 2, 255]);
         let frame = Bytes::from(frame);
-        let Request::Publish(p) = decode_binary(frame.clone()).unwrap() else { panic!() };
+        let Request::Publish(p) = decode_binary(frame.clone()).unwrap() else {
+            panic!()
+        };
         assert_eq!(&p.payload[..], &[0, 1, 2, 255]);
         assert_eq!(p.kind, PayloadKind::Binary);
-        assert_eq!(p.payload.as_ptr(), frame[4 + head.len()..].as_ptr(), "payload borrows the frame");
+        assert_eq!(
+            p.payload.as_ptr(),
+            frame[4 + head.len()..].as_ptr(),
+            "payload borrows the frame"
+        );
     }
 
     #[test]
     fn binary_garbage_is_rejected() {
-        for bad in [&b""[..], b"\x00\x00", b"\x00\x00\x00\x09{}", b"\xff\xff\xff\xff{}", b"\x00\x00\x00\x02\xff\xfe", b"\x00\x00\x00\x02[]"] {
-            assert_eq!(decode_binary(Bytes::copy_from_slice(bad)).unwrap_err().code, "bad_frame", "{bad:?}");
+        for bad in [
+            &b""[..],
+            b"\x00\x00",
+            b"\x00\x00\x00\x09{}",
+            b"\xff\xff\xff\xff{}",
+            b"\x00\x00\x00\x02\xff\xfe",
+            b"\x00\x00\x00\x02[]",
+        ] {
+            assert_eq!(
+                decode_binary(Bytes::copy_from_slice(bad)).unwrap_err().code,
+                "bad_frame",
+                "{bad:?}"
+            );
         }
         let with_data = br#"{"op":"pub","topic":"a","data":"x"}"#;
         let mut f = (with_data.len() as u32).to_be_bytes().to_vec();
@@ -494,7 +596,11 @@ mod tests {
     #[test]
     fn text_message_frame_is_valid_json() {
         let payload = Bytes::from_static("quote \"1.08\" \u{1F600}".as_bytes());
-        let frame = encode_message(&meta("q/fx/EURUSD", Some("text/plain"), Some(7)), PayloadKind::Text, &payload);
+        let frame = encode_message(
+            &meta("q/fx/EURUSD", Some("text/plain"), Some(7)),
+            PayloadKind::Text,
+            &payload,
+        );
         let (op, body) = unframe(&frame);
         assert_eq!(op, 0x1);
         let v: Value = serde_json::from_slice(&body).unwrap();
@@ -514,7 +620,10 @@ mod tests {
             assert_eq!(op, 0x2);
             let n = u32::from_be_bytes(body[..4].try_into().unwrap()) as usize;
             let head: Value = serde_json::from_slice(&body[4..4 + n]).unwrap();
-            assert_eq!(head, json!({"op":"msg","topic":"cam/1","seq":42,"epoch":"e1"}));
+            assert_eq!(
+                head,
+                json!({"op":"msg","topic":"cam/1","seq":42,"epoch":"e1"})
+            );
             assert_eq!(&body[4 + n..], &payload[..]);
         }
     }
@@ -527,8 +636,14 @@ mod tests {
             recovered: false,
             replayed: 2,
             gaps: vec![
-                Gap { topic: "a/b".into(), reason: GapReason::HistoryTrimmed { from: 3, to: 9 } },
-                Gap { topic: "a/c".into(), reason: GapReason::EpochChanged { epoch: "z".into() } },
+                Gap {
+                    topic: "a/b".into(),
+                    reason: GapReason::HistoryTrimmed { from: 3, to: 9 },
+                },
+                Gap {
+                    topic: "a/c".into(),
+                    reason: GapReason::EpochChanged { epoch: "z".into() },
+                },
             ],
         };
         let (_, body) = unframe(&encode_reply(&r));
@@ -539,8 +654,14 @@ mod tests {
                 {"topic":"a/b","reason":"history_trimmed","from":3,"to":9},
                 {"topic":"a/c","reason":"epoch_changed","epoch":"z"}]})
         );
-        let (_, body) = unframe(&encode_reply(&Reply::Dropped { topic: "a".into(), count: 3 }));
-        assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), json!({"op":"dropped","topic":"a","count":3}));
+        let (_, body) = unframe(&encode_reply(&Reply::Dropped {
+            topic: "a".into(),
+            count: 3,
+        }));
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap(),
+            json!({"op":"dropped","topic":"a","count":3})
+        );
     }
 
     #[test]

@@ -18,7 +18,11 @@ impl Outbox for Inbox {
 
 impl Inbox {
     fn take(&self) -> Vec<Value> {
-        self.0.borrow_mut().drain(..).map(|f| frame_json(&f)).collect()
+        self.0
+            .borrow_mut()
+            .drain(..)
+            .map(|f| frame_json(&f))
+            .collect()
     }
     fn frames(&self) -> Vec<Frame> {
         self.0.borrow_mut().drain(..).collect()
@@ -34,7 +38,12 @@ fn client(e: &mut Engine<Inbox>) -> (ConnId, Inbox) {
     (e.connect(inbox.clone()), inbox)
 }
 
-fn req(e: &mut Engine<Inbox>, conn: ConnId, json: &str, now: u64) -> Result<Option<Published>, &'static str> {
+fn req(
+    e: &mut Engine<Inbox>,
+    conn: ConnId,
+    json: &str,
+    now: u64,
+) -> Result<Option<Published>, &'static str> {
     e.handle(conn, decode_text(json).unwrap(), now)
 }
 
@@ -51,7 +60,10 @@ fn publish(e: &mut Engine<Inbox>, topic: &str, data: &str) -> Published {
 }
 
 fn data(msgs: &[Value]) -> Vec<&str> {
-    msgs.iter().filter(|m| m["op"] == "msg").map(|m| m["data"].as_str().unwrap()).collect()
+    msgs.iter()
+        .filter(|m| m["op"] == "msg")
+        .map(|m| m["data"].as_str().unwrap())
+        .collect()
 }
 
 #[test]
@@ -72,7 +84,11 @@ fn overlapping_patterns_deliver_once_per_connection_in_order() {
     let a_msgs = inbox_a.take();
     assert_eq!(data(&a_msgs), ["0", "1", "2", "3", "4", "x"]);
     assert_eq!(data(&inbox_b.take()), ["0", "1", "2", "3", "4"]);
-    let seqs: Vec<u64> = a_msgs.iter().take(5).map(|m| m["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = a_msgs
+        .iter()
+        .take(5)
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs, [1, 2, 3, 4, 5]);
 }
 
@@ -95,14 +111,40 @@ fn subscribe_replies_and_errors_carry_the_id() {
     let mut e = engine();
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"sub","id":"s1","topic":"a/*"}"#, 0).unwrap();
-    assert_eq!(inbox.take(), [json!({"op":"subscribed","id":"s1","topic":"a/*","recovered":true,"replayed":0})]);
-    assert_eq!(req(&mut e, a, r#"{"op":"sub","id":2,"topic":"a//b"}"#, 0), Err("invalid_topic"));
-    assert_eq!(req(&mut e, a, r#"{"op":"pub","id":3,"topic":"a/*","data":"x"}"#, 0), Err("publish_to_pattern"));
-    assert_eq!(req(&mut e, a, r#"{"op":"unsub","id":4,"topic":"b"}"#, 0), Err("not_subscribed"));
+    assert_eq!(
+        inbox.take(),
+        [json!({"op":"subscribed","id":"s1","topic":"a/*","recovered":true,"replayed":0})]
+    );
+    assert_eq!(
+        req(&mut e, a, r#"{"op":"sub","id":2,"topic":"a//b"}"#, 0),
+        Err("invalid_topic")
+    );
+    assert_eq!(
+        req(
+            &mut e,
+            a,
+            r#"{"op":"pub","id":3,"topic":"a/*","data":"x"}"#,
+            0
+        ),
+        Err("publish_to_pattern")
+    );
+    assert_eq!(
+        req(&mut e, a, r#"{"op":"unsub","id":4,"topic":"b"}"#, 0),
+        Err("not_subscribed")
+    );
     let errors = inbox.take();
-    assert_eq!(errors.iter().map(|v| v["id"].clone()).collect::<Vec<_>>(), [json!(2), json!(3), json!(4)]);
-    assert!(errors.iter().all(|v| v["op"] == "error" && v["message"].as_str().unwrap().len() > 10));
-    assert!(errors[1]["message"].as_str().unwrap().contains("a/*"), "{}", errors[1]);
+    assert_eq!(
+        errors.iter().map(|v| v["id"].clone()).collect::<Vec<_>>(),
+        [json!(2), json!(3), json!(4)]
+    );
+    assert!(errors
+        .iter()
+        .all(|v| v["op"] == "error" && v["message"].as_str().unwrap().len() > 10));
+    assert!(
+        errors[1]["message"].as_str().unwrap().contains("a/*"),
+        "{}",
+        errors[1]
+    );
 }
 
 #[test]
@@ -110,8 +152,17 @@ fn publish_with_id_is_acknowledged_with_its_sequence_number() {
     let mut e = engine();
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"pub","topic":"x/y","data":"1"}"#, 0).unwrap();
-    req(&mut e, a, r#"{"op":"pub","id":7,"topic":"x/y","data":"2"}"#, 0).unwrap();
-    assert_eq!(inbox.take(), [json!({"op":"ack","id":7,"topic":"x/y","seq":2})]);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"pub","id":7,"topic":"x/y","data":"2"}"#,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        inbox.take(),
+        [json!({"op":"ack","id":7,"topic":"x/y","seq":2})]
+    );
 }
 
 #[test]
@@ -120,20 +171,29 @@ fn unsubscribe_stops_delivery() {
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"sub","topic":"t/>"}"#, 0).unwrap();
     req(&mut e, a, r#"{"op":"unsub","id":1,"topic":"t/>"}"#, 0).unwrap();
-    assert_eq!(inbox.take()[1], json!({"op":"unsubscribed","id":1,"topic":"t/>"}));
+    assert_eq!(
+        inbox.take()[1],
+        json!({"op":"unsubscribed","id":1,"topic":"t/>"})
+    );
     assert_eq!(publish(&mut e, "t/1", "x").deliveries, 0);
     assert_eq!(e.subscription_count(), 0);
 }
 
 #[test]
 fn subscription_limit_is_enforced_and_resubscribing_is_idempotent() {
-    let config = EngineConfig { max_subscriptions_per_connection: 2, ..EngineConfig::default() };
+    let config = EngineConfig {
+        max_subscriptions_per_connection: 2,
+        ..EngineConfig::default()
+    };
     let mut e = Engine::new(config, 1);
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"sub","topic":"a"}"#, 0).unwrap();
     req(&mut e, a, r#"{"op":"sub","topic":"a"}"#, 0).unwrap();
     req(&mut e, a, r#"{"op":"sub","topic":"b"}"#, 0).unwrap();
-    assert_eq!(req(&mut e, a, r#"{"op":"sub","topic":"c"}"#, 0), Err("too_many_subscriptions"));
+    assert_eq!(
+        req(&mut e, a, r#"{"op":"sub","topic":"c"}"#, 0),
+        Err("too_many_subscriptions")
+    );
     assert_eq!(e.subscription_count(), 2);
     inbox.take();
     assert_eq!(publish(&mut e, "a", "x").deliveries, 1);
@@ -161,13 +221,25 @@ fn snapshot_delivers_last_values_after_the_reply() {
     publish(&mut e, "q/b", "3");
     publish(&mut e, "r/c", "4");
     let (a, inbox) = client(&mut e);
-    req(&mut e, a, r#"{"op":"sub","id":1,"topic":"q/*","snapshot":true}"#, 0).unwrap();
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","id":1,"topic":"q/*","snapshot":true}"#,
+        0,
+    )
+    .unwrap();
     let got = inbox.take();
     assert_eq!(got[0]["op"], "subscribed");
     assert_eq!(got[0]["replayed"], 2);
     assert_eq!(data(&got), ["2", "3"]);
     assert_eq!(got[1]["seq"], 2);
-    req(&mut e, a, r#"{"op":"sub","topic":"r/c","snapshot":true}"#, 0).unwrap();
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"r/c","snapshot":true}"#,
+        0,
+    )
+    .unwrap();
     assert_eq!(data(&inbox.take()), ["4"]);
 }
 
@@ -180,11 +252,16 @@ fn recovery_replays_exactly_what_was_missed() {
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"sub","topic":"t","snapshot":true}"#, 0).unwrap();
     let epoch = inbox.take()[1]["epoch"].as_str().unwrap().to_owned();
-    let since = format!(r#"{{"op":"sub","id":1,"topic":"t","since":{{"t":{{"seq":7,"epoch":"{epoch}"}}}}}}"#);
+    let since = format!(
+        r#"{{"op":"sub","id":1,"topic":"t","since":{{"t":{{"seq":7,"epoch":"{epoch}"}}}}}}"#
+    );
     let (b, inbox_b) = client(&mut e);
     req(&mut e, b, &since, 0).unwrap();
     let got = inbox_b.take();
-    assert_eq!(got[0], json!({"op":"subscribed","id":1,"topic":"t","recovered":true,"replayed":3}));
+    assert_eq!(
+        got[0],
+        json!({"op":"subscribed","id":1,"topic":"t","recovered":true,"replayed":3})
+    );
     assert_eq!(data(&got), ["8", "9", "10"]);
     // Then live messages follow without a gap.
     publish(&mut e, "t", "11");
@@ -193,8 +270,15 @@ fn recovery_replays_exactly_what_was_missed() {
 
 #[test]
 fn recovery_reports_trimmed_history_and_changed_epochs() {
-    let rule = HistoryRule { pattern: ">".into(), max_messages: 3, ..HistoryRule::default() };
-    let config = EngineConfig { history: vec![rule], ..EngineConfig::default() };
+    let rule = HistoryRule {
+        pattern: ">".into(),
+        max_messages: 3,
+        ..HistoryRule::default()
+    };
+    let config = EngineConfig {
+        history: vec![rule],
+        ..EngineConfig::default()
+    };
     let mut e = Engine::new(config, 1);
     for i in 1..=10 {
         publish(&mut e, "t/a", &i.to_string());
@@ -203,11 +287,20 @@ fn recovery_reports_trimmed_history_and_changed_epochs() {
     let (a, inbox) = client(&mut e);
     let since = r#"{"t/a":{"seq":2,"epoch":"EPOCH"},"t/b":{"seq":5,"epoch":"old"},"t/zz":{"seq":1,"epoch":"old"}}"#;
     let epoch_a = {
-        req(&mut e, a, r#"{"op":"sub","topic":"t/a","snapshot":true}"#, 0).unwrap();
+        req(
+            &mut e,
+            a,
+            r#"{"op":"sub","topic":"t/a","snapshot":true}"#,
+            0,
+        )
+        .unwrap();
         inbox.take()[1]["epoch"].as_str().unwrap().to_owned()
     };
     let (b, inbox_b) = client(&mut e);
-    let request = format!(r#"{{"op":"sub","topic":"t/>","since":{}}}"#, since.replace("EPOCH", &epoch_a));
+    let request = format!(
+        r#"{{"op":"sub","topic":"t/>","since":{}}}"#,
+        since.replace("EPOCH", &epoch_a)
+    );
     req(&mut e, b, &request, 0).unwrap();
     let got = inbox_b.take();
     let epoch_b = got.last().unwrap()["epoch"].clone();
@@ -223,8 +316,16 @@ fn recovery_reports_trimmed_history_and_changed_epochs() {
 
 #[test]
 fn history_is_trimmed_by_bytes_and_age() {
-    let rule = HistoryRule { pattern: "big/>".into(), max_messages: 100, max_bytes: 300, max_age_secs: 10 };
-    let config = EngineConfig { history: vec![rule], ..EngineConfig::default() };
+    let rule = HistoryRule {
+        pattern: "big/>".into(),
+        max_messages: 100,
+        max_bytes: 300,
+        max_age_secs: 10,
+    };
+    let config = EngineConfig {
+        history: vec![rule],
+        ..EngineConfig::default()
+    };
     let mut e = Engine::new(config, 1);
     let body = "x".repeat(60);
     for _ in 0..10 {
@@ -232,23 +333,52 @@ fn history_is_trimmed_by_bytes_and_age() {
     }
     let (a, inbox) = client(&mut e);
     let epoch = {
-        req(&mut e, a, r#"{"op":"sub","topic":"big/t","snapshot":true}"#, 0).unwrap();
+        req(
+            &mut e,
+            a,
+            r#"{"op":"sub","topic":"big/t","snapshot":true}"#,
+            0,
+        )
+        .unwrap();
         inbox.take()[1]["epoch"].as_str().unwrap().to_owned()
     };
-    let since = |seq: u64| format!(r#"{{"op":"sub","topic":"big/t","since":{{"big/t":{{"seq":{seq},"epoch":"{epoch}"}}}}}}"#);
+    let since = |seq: u64| {
+        format!(
+            r#"{{"op":"sub","topic":"big/t","since":{{"big/t":{{"seq":{seq},"epoch":"{epoch}"}}}}}}"#
+        )
+    };
     req(&mut e, a, &since(0), 1_000).unwrap();
     let got = inbox.take();
-    assert_eq!(got[0]["gaps"][0]["to"], 8, "only 2 frames fit in 300 bytes: {}", got[0]);
+    assert_eq!(
+        got[0]["gaps"][0]["to"], 8,
+        "only 2 frames fit in 300 bytes: {}",
+        got[0]
+    );
     // 11 s later everything has aged out, but the last value stays for snapshots.
     req(&mut e, a, &since(0), 1_000 + 11_000_000).unwrap();
     assert_eq!(inbox.take()[0]["replayed"], 0);
-    req(&mut e, a, r#"{"op":"sub","topic":"big/t","snapshot":true}"#, 1_000 + 11_000_000).unwrap();
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"big/t","snapshot":true}"#,
+        1_000 + 11_000_000,
+    )
+    .unwrap();
     assert_eq!(inbox.take()[0]["replayed"], 1);
     // Topics that no rule matches keep only their last value.
     publish(&mut e, "other", "1");
     publish(&mut e, "other", "2");
     let (b, inbox_b) = client(&mut e);
-    req(&mut e, b, &format!(r#"{{"op":"sub","topic":"other","since":{{"other":{{"seq":0,"epoch":"{}"}}}}}}"#, "?"), 0).unwrap();
+    req(
+        &mut e,
+        b,
+        &format!(
+            r#"{{"op":"sub","topic":"other","since":{{"other":{{"seq":0,"epoch":"{}"}}}}}}"#,
+            "?"
+        ),
+        0,
+    )
+    .unwrap();
     assert_eq!(inbox_b.take()[0]["recovered"], false);
 }
 
@@ -256,8 +386,20 @@ fn history_is_trimmed_by_bytes_and_age() {
 fn since_must_name_topics_the_pattern_matches() {
     let mut e = engine();
     let (a, _) = client(&mut e);
-    assert_eq!(req(&mut e, a, r#"{"op":"sub","topic":"a/*","since":{"b/c":{"seq":1,"epoch":"x"}}}"#, 0), Err("invalid_topic"));
-    assert_eq!(e.subscription_count(), 0, "a refused subscribe leaves nothing behind");
+    assert_eq!(
+        req(
+            &mut e,
+            a,
+            r#"{"op":"sub","topic":"a/*","since":{"b/c":{"seq":1,"epoch":"x"}}}"#,
+            0
+        ),
+        Err("invalid_topic")
+    );
+    assert_eq!(
+        e.subscription_count(),
+        0,
+        "a refused subscribe leaves nothing behind"
+    );
 }
 
 #[test]
@@ -265,14 +407,26 @@ fn stamp_adds_the_receive_time_and_content_type_travels() {
     let mut e = engine();
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"sub","topic":"t"}"#, 0).unwrap();
-    req(&mut e, a, r#"{"op":"pub","topic":"t","data":"x","stamp":true,"ct":"text/csv"}"#, 123_456).unwrap();
+    req(
+        &mut e,
+        a,
+        r#"{"op":"pub","topic":"t","data":"x","stamp":true,"ct":"text/csv"}"#,
+        123_456,
+    )
+    .unwrap();
     let msg = inbox.take().pop().unwrap();
-    assert_eq!((msg["ts"].clone(), msg["ct"].clone()), (json!(123_456), json!("text/csv")));
+    assert_eq!(
+        (msg["ts"].clone(), msg["ct"].clone()),
+        (json!(123_456), json!("text/csv"))
+    );
 }
 
 #[test]
 fn binary_payloads_are_delivered_unchanged_and_oversize_is_refused() {
-    let config = EngineConfig { max_message_bytes: 1000, ..EngineConfig::default() };
+    let config = EngineConfig {
+        max_message_bytes: 1000,
+        ..EngineConfig::default()
+    };
     let mut e = Engine::new(config, 1);
     let (a, inbox) = client(&mut e);
     req(&mut e, a, r#"{"op":"sub","topic":"cam"}"#, 0).unwrap();
@@ -290,7 +444,10 @@ fn binary_payloads_are_delivered_unchanged_and_oversize_is_refused() {
     let msg = inbox.take().pop().unwrap();
     assert_eq!(msg["payload"], json!(payload));
     assert_eq!(msg["ct"], "image/fits");
-    let big = Publish { payload: Bytes::from(vec![0; 1001]), ..p };
+    let big = Publish {
+        payload: Bytes::from(vec![0; 1001]),
+        ..p
+    };
     assert_eq!(e.publish(&big, 0).unwrap_err().code, "message_too_large");
 }
 
