@@ -1,1 +1,17 @@
-//! placeholder
+//! herald's pure core: everything about routing a message that does not touch a socket or a
+//! clock. No I/O and no async runtime here, so it is tested and fuzzed directly.
+//!
+//! - [`topic`]: the topic and pattern grammar (`a/b`, `a/*/c`, `a/>`), validation, matching.
+//! - [`index`]: the subscription index, a trie that finds who a topic's message goes to.
+//! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
+//! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
+//! - [`outbox`]: a connection's bounded outbound queue.
+
+pub mod engine;
+pub mod index;
+pub mod outbox;
+pub mod topic;
+pub mod wire;
+
+#[cfg(test)]
+mod test_support;

@@ -1,1 +1,49 @@
-fn main() {}
+//! `herald`: one binary that serves, publishes, subscribes and benchmarks.
+//!
+//! - `serve` ([`serve`]): run a herald node.
+//! - `pub` ([`publish`]) and `sub` ([`subscribe`]): command-line clients in the style of
+//!   `nats pub/sub` and `mosquitto_pub/sub`, over the native protocol ([`client`]).
+
+mod client;
+mod publish;
+mod serve;
+mod subscribe;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "herald", version, about = "A real-time web messaging router", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a herald node (in memory, on 127.0.0.1:8080 unless configured otherwise)
+    Serve(serve::ServeArgs),
+    /// Publish messages to a topic
+    Pub(publish::PubArgs),
+    /// Subscribe to topics or patterns and print what arrives
+    Sub(subscribe::SubArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().expect("cannot start the async runtime");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Pub(args) => publish::run(args).await,
+            Command::Sub(args) => subscribe::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,545 @@
+//! The engine: topics (sequence numbers, epochs, history, last value), subscriptions, and
+//! fan-out. Pure and deterministic: time comes in as an argument and frames go out through
+//! each connection's [`Outbox`], so it is tested without sockets or clocks.
+//!
+//! A message is encoded once ([`wire::encode_message`]) and the same refcounted frame is handed
+//! to every matching connection; a connection holding overlapping patterns gets it once.
+
+use crate::index::SubscriptionIndex;
+use crate::topic;
+use crate::wire::{
+    self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+
+/// Where a connection's frames go. The server's implementation queues them for the socket
+/// writer; tests collect them.
+pub trait Outbox {
+    fn send(&self, frame: &Frame);
+}
+
+impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
+    fn send(&self, frame: &Frame) {
+        (**self).send(frame)
+    }
+}
+
+/// How much history topics keep: the first rule whose pattern matches a topic applies to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryRule {
+    pub pattern: String,
+    #[serde(default = "HistoryRule::default_messages")]
+    pub max_messages: usize,
+    #[serde(default = "HistoryRule::default_bytes")]
+    pub max_bytes: usize,
+    #[serde(default = "HistoryRule::default_age")]
+    pub max_age_secs: u64,
+}
+
+impl HistoryRule {
+    fn default_messages() -> usize {
+        32
+    }
+    fn default_bytes() -> usize {
+        1 << 20
+    }
+    fn default_age() -> u64 {
+        300
+    }
+}
+
+impl Default for HistoryRule {
+    /// Every topic keeps its last 32 messages, up to 1 MiB and 5 minutes.
+    fn default() -> Self {
+        HistoryRule {
+            pattern: ">".into(),
+            max_messages: Self::default_messages(),
+            max_bytes: Self::default_bytes(),
+            max_age_secs: Self::default_age(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// History rules, most specific first; topics no rule matches keep only their last value.
+    pub history: Vec<HistoryRule>,
+    pub max_subscriptions_per_connection: usize,
+    pub max_message_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            history: vec![HistoryRule::default()],
+            max_subscriptions_per_connection: 1000,
+            max_message_bytes: 64 << 20,
+        }
+    }
+}
+
+pub type ConnId = u32;
+
+/// What a publish did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub seq: u64,
+    /// Connections the message was handed to.
+    pub deliveries: usize,
+    /// Bytes of the shared frame each of them was handed.
+    pub frame_len: usize,
+}
+
+struct Stored {
+    seq: u64,
+    at_us: u64,
+    frame: Frame,
+}
+
+struct TopicState {
+    seq: u64,
+    epoch: String,
+    /// Index into `EngineConfig::history`, or `None` for last-value only.
+    rule: Option<usize>,
+    history: VecDeque<Stored>,
+    history_bytes: usize,
+    last: Option<Frame>,
+}
+
+impl TopicState {
+    fn trim_by_age(&mut self, rule: &HistoryRule, now_us: u64) {
+        let max_age_us = rule.max_age_secs.saturating_mul(1_000_000);
+        while let Some(oldest) = self.history.front() {
+            if now_us.saturating_sub(oldest.at_us) <= max_age_us {
+                break;
+            }
+            self.history_bytes -= oldest.frame.len();
+            self.history.pop_front();
+        }
+    }
+
+    fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
+        self.last = Some(stored.frame.clone());
+        let Some(rule) = rule.filter(|r| r.max_messages > 0) else {
+            return;
+        };
+        self.history_bytes += stored.frame.len();
+        self.history.push_back(stored);
+        while self.history.len() > rule.max_messages
+            || (self.history_bytes > rule.max_bytes && self.history.len() > 1)
+        {
+            let old = self.history.pop_front().expect("non-empty");
+            self.history_bytes -= old.frame.len();
+        }
+    }
+}
+
+struct Conn<O> {
+    outbox: O,
+    patterns: Vec<Box<str>>,
+    /// The last publish that reached this connection: dedupes overlapping patterns in O(1).
+    seen: u64,
+}
+
+pub struct Engine<O> {
+    config: EngineConfig,
+    topics: HashMap<Box<str>, TopicState>,
+    index: SubscriptionIndex<ConnId>,
+    conns: Vec<Option<Conn<O>>>,
+    free: Vec<ConnId>,
+    epoch_seed: u64,
+    topics_created: u64,
+    publish_count: u64,
+    subscriptions: usize,
+}
+
+impl<O: Outbox> Engine<O> {
+    /// `epoch_seed` makes epochs differ between runs (the server passes a random number; tests a
+    /// fixed one).
+    pub fn new(config: EngineConfig, epoch_seed: u64) -> Self {
+        Engine {
+            config,
+            topics: HashMap::new(),
+            index: SubscriptionIndex::new(),
+            conns: Vec::new(),
+            free: Vec::new(),
+            epoch_seed,
+            topics_created: 0,
+            publish_count: 0,
+            subscriptions: 0,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn connect(&mut self, outbox: O) -> ConnId {
+        let conn = Some(Conn {
+            outbox,
+            patterns: Vec::new(),
+            seen: 0,
+        });
+        match self.free.pop() {
+            Some(id) => {
+                self.conns[id as usize] = conn;
+                id
+            }
+            None => {
+                self.conns.push(conn);
+                (self.conns.len() - 1) as ConnId
+            }
+        }
+    }
+
+    /// Removes a connection and all its subscriptions, returning its outbox.
+    pub fn disconnect(&mut self, id: ConnId) -> Option<O> {
+        let conn = self.conns.get_mut(id as usize)?.take()?;
+        for pattern in &conn.patterns {
+            self.index.remove(pattern, id);
+        }
+        self.subscriptions -= conn.patterns.len();
+        self.free.push(id);
+        Some(conn.outbox)
+    }
+
+    pub fn connections(&self) -> impl Iterator<Item = &O> {
+        self.conns.iter().flatten().map(|c| &c.outbox)
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.len() - self.free.len()
+    }
+
+    pub fn subscription_count(&self) -> usize {
+        self.subscriptions
+    }
+
+    pub fn topic_count(&self) -> usize {
+        self.topics.len()
+    }
+
+    /// Carries out one request from connection `conn`; replies and errors go to its outbox.
+    /// Returns what a publish did (for metrics), or the error code of a failed request.
+    pub fn handle(
+        &mut self,
+        conn: ConnId,
+        request: Request,
+        now_us: u64,
+    ) -> Result<Option<Published>, &'static str> {
+        let result = match request {
+            Request::Publish(p) => self.publish(&p, now_us).map(|published| {
+                if let Some(id) = p.id {
+                    self.reply(
+                        conn,
+                        &Reply::Ack {
+                            id,
+                            topic: p.topic,
+                            seq: published.seq,
+                        },
+                    );
+                }
+                Some(published)
+            }),
+            Request::Subscribe(s) => self.subscribe(conn, s, now_us).map(|()| None),
+            Request::Unsubscribe { id, topic } => self.unsubscribe(conn, id, topic).map(|()| None),
+            Request::Ping { id } => {
+                self.reply(conn, &Reply::Pong { id });
+                Ok(None)
+            }
+        };
+        result.map_err(|e| {
+            let code = e.code;
+            self.reply(conn, &e.into());
+            code
+        })
+    }
+
+    /// Sends `reply` to one connection.
+    pub fn reply(&self, conn: ConnId, reply: &Reply) {
+        if let Some(c) = self.conn(conn) {
+            c.outbox.send(&wire::encode_reply(reply));
+        }
+    }
+
+    fn conn(&self, id: ConnId) -> Option<&Conn<O>> {
+        self.conns.get(id as usize).and_then(Option::as_ref)
+    }
+
+    /// Publishes a message: assigns the topic's next sequence number, encodes the frame once,
+    /// records it, and hands it to every matching connection once.
+    pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
+        let fail = |e: ProtocolError| e.with_id(p.id.clone());
+        topic::validate_topic(&p.topic)
+            .map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
+        if p.payload.len() > self.config.max_message_bytes {
+            return Err(fail(ProtocolError::new(
+                "message_too_large",
+                format!(
+                    "payload of {} bytes exceeds max_message_bytes ({}); raise it in the config or send less",
+                    p.payload.len(),
+                    self.config.max_message_bytes
+                ),
+            )));
+        }
+        if p.kind == wire::PayloadKind::Text && std::str::from_utf8(&p.payload).is_err() {
+            return Err(fail(ProtocolError::new(
+                "bad_frame",
+                "a text payload must be valid UTF-8",
+            )));
+        }
+        let config = &self.config;
+        let state = topic_entry(
+            &mut self.topics,
+            config,
+            self.epoch_seed,
+            &mut self.topics_created,
+            &p.topic,
+        );
+        state.seq += 1;
+        let meta = MessageMeta {
+            topic: &p.topic,
+            seq: state.seq,
+            epoch: &state.epoch,
+            content_type: p.content_type.as_deref(),
+            timestamp_us: p.stamp.then_some(now_us),
+        };
+        let frame = wire::encode_message(&meta, p.kind, &p.payload);
+        let seq = state.seq;
+        let rule = state.rule.map(|i| &config.history[i]);
+        if let Some(rule) = rule {
+            state.trim_by_age(rule, now_us);
+        }
+        state.record(
+            rule,
+            Stored {
+                seq,
+                at_us: now_us,
+                frame: frame.clone(),
+            },
+        );
+
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let conns = &mut self.conns;
+        let mut deliveries = 0;
+        self.index.for_each_match(&p.topic, |id| {
+            if let Some(c) = conns[id as usize].as_mut() {
+                if c.seen != generation {
+                    c.seen = generation;
+                    c.outbox.send(&frame);
+                    deliveries += 1;
+                }
+            }
+        });
+        Ok(Published {
+            seq,
+            deliveries,
+            frame_len: frame.len(),
+        })
+    }
+
+    #[cfg(test)]
+    fn topic_state(&mut self, name: &str) -> &mut TopicState {
+        topic_entry(
+            &mut self.topics,
+            &self.config,
+            self.epoch_seed,
+            &mut self.topics_created,
+            name,
+        )
+    }
+
+    fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
+        let fail = |code, msg: String| ProtocolError::new(code, msg).with_id(s.id.clone());
+        topic::validate_pattern(&s.topic).map_err(|e| fail(e.code(), e.to_string()))?;
+        let Some(c) = self.conn(conn) else {
+            return Ok(());
+        };
+        let already = c.patterns.iter().any(|p| **p == *s.topic);
+        let max = self.config.max_subscriptions_per_connection;
+        if !already && c.patterns.len() >= max {
+            return Err(fail(
+                "too_many_subscriptions",
+                format!("this connection already holds the maximum of {max} subscriptions; unsubscribe first or raise max_subscriptions_per_connection"),
+            ));
+        }
+        let mut since: Vec<_> = s.since.iter().collect();
+        since.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, _) in &since {
+            if topic::validate_topic(name).is_err() || !topic::matches(&s.topic, name) {
+                return Err(fail(
+                    "invalid_topic",
+                    format!(
+                        "`since` names {name:?}, which is not a topic that pattern {:?} matches",
+                        s.topic
+                    ),
+                ));
+            }
+        }
+
+        let mut frames = Vec::new();
+        let mut gaps = Vec::new();
+        for (name, pos) in since {
+            let Some(state) = self.topics.get_mut(name.as_str()) else {
+                gaps.push(Gap {
+                    topic: name.clone(),
+                    reason: GapReason::UnknownTopic,
+                });
+                continue;
+            };
+            if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
+                state.trim_by_age(rule, now_us);
+            }
+            if state.epoch != pos.epoch {
+                gaps.push(Gap {
+                    topic: name.clone(),
+                    reason: GapReason::EpochChanged {
+                        epoch: state.epoch.clone(),
+                    },
+                });
+                frames.extend(state.history.iter().map(|m| m.frame.clone()));
+                continue;
+            }
+            let next = pos.seq + 1;
+            if next > state.seq {
+                continue;
+            }
+            let oldest = state.history.front().map_or(state.seq + 1, |m| m.seq);
+            if oldest > next {
+                gaps.push(Gap {
+                    topic: name.clone(),
+                    reason: GapReason::HistoryTrimmed {
+                        from: next,
+                        to: oldest - 1,
+                    },
+                });
+            }
+            frames.extend(
+                state
+                    .history
+                    .iter()
+                    .filter(|m| m.seq >= next)
+                    .map(|m| m.frame.clone()),
+            );
+        }
+        if s.snapshot {
+            frames.extend(self.last_values(&s.topic, &s.since));
+        }
+
+        if !already {
+            self.index.insert(&s.topic, conn);
+            self.subscriptions += 1;
+            self.conns[conn as usize]
+                .as_mut()
+                .expect("checked above")
+                .patterns
+                .push(s.topic.as_str().into());
+        }
+        let reply = Reply::Subscribed {
+            id: s.id,
+            topic: s.topic,
+            recovered: gaps.is_empty(),
+            replayed: frames.len(),
+            gaps,
+        };
+        self.reply(conn, &reply);
+        if let Some(c) = self.conn(conn) {
+            frames.iter().for_each(|f| c.outbox.send(f));
+        }
+        Ok(())
+    }
+
+    /// The last value of every topic `pattern` matches, except those in `skip`, by topic name.
+    fn last_values(&self, pattern: &str, skip: &HashMap<String, wire::Position>) -> Vec<Frame> {
+        if !topic::is_pattern(pattern) {
+            return self
+                .topics
+                .get(pattern)
+                .and_then(|t| t.last.clone())
+                .filter(|_| !skip.contains_key(pattern))
+                .into_iter()
+                .collect();
+        }
+        let mut found: Vec<_> = self
+            .topics
+            .iter()
+            .filter(|(name, t)| {
+                t.last.is_some() && !skip.contains_key(&***name) && topic::matches(pattern, name)
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        found
+            .into_iter()
+            .filter_map(|(_, t)| t.last.clone())
+            .collect()
+    }
+
+    fn unsubscribe(
+        &mut self,
+        conn: ConnId,
+        id: Option<wire::RequestId>,
+        pattern: String,
+    ) -> Result<(), ProtocolError> {
+        let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let Some(at) = c.patterns.iter().position(|p| **p == *pattern) else {
+            return Err(ProtocolError::new(
+                "not_subscribed",
+                format!(
+                    "this connection holds no subscription to {pattern:?}; nothing to unsubscribe"
+                ),
+            )
+            .with_id(id));
+        };
+        c.patterns.swap_remove(at);
+        self.index.remove(&pattern, conn);
+        self.subscriptions -= 1;
+        self.reply(conn, &Reply::Unsubscribed { id, topic: pattern });
+        Ok(())
+    }
+}
+
+/// The state of topic `name`, created (with a fresh epoch) on first use. A free function so that
+/// the caller can keep borrowing the config while it holds the state.
+fn topic_entry<'a>(
+    topics: &'a mut HashMap<Box<str>, TopicState>,
+    config: &EngineConfig,
+    epoch_seed: u64,
+    created: &mut u64,
+    name: &str,
+) -> &'a mut TopicState {
+    if !topics.contains_key(name) {
+        *created += 1;
+        let epoch = format!("{:012x}", splitmix64(epoch_seed ^ *created) >> 16);
+        let rule = config
+            .history
+            .iter()
+            .position(|r| topic::matches(&r.pattern, name));
+        let state = TopicState {
+            seq: 0,
+            epoch,
+            rule,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            last: None,
+        };
+        topics.insert(name.into(), state);
+    }
+    topics.get_mut(name).expect("inserted above")
+}
+
+/// A fast, well-mixed 64-bit hash (Steele et al.), enough to make epochs unpredictable between
+/// runs given a random seed.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests;

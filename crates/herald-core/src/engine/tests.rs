@@ -1,0 +1,463 @@
+use super::*;
+use crate::test_support::frame_json;
+use crate::wire::{decode_text, PayloadKind};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// Collects what the engine sends to one connection.
+#[derive(Clone, Default)]
+struct Inbox(Rc<RefCell<Vec<Frame>>>);
+
+impl Outbox for Inbox {
+    fn send(&self, frame: &Frame) {
+        self.0.borrow_mut().push(frame.clone());
+    }
+}
+
+impl Inbox {
+    fn take(&self) -> Vec<Value> {
+        self.0
+            .borrow_mut()
+            .drain(..)
+            .map(|f| frame_json(&f))
+            .collect()
+    }
+    fn frames(&self) -> Vec<Frame> {
+        self.0.borrow_mut().drain(..).collect()
+    }
+}
+
+fn engine() -> Engine<Inbox> {
+    Engine::new(EngineConfig::default(), 1)
+}
+
+fn client(e: &mut Engine<Inbox>) -> (ConnId, Inbox) {
+    let inbox = Inbox::default();
+    (e.connect(inbox.clone()), inbox)
+}
+
+fn req(
+    e: &mut Engine<Inbox>,
+    conn: ConnId,
+    json: &str,
+    now: u64,
+) -> Result<Option<Published>, &'static str> {
+    e.handle(conn, decode_text(json).unwrap(), now)
+}
+
+fn publish(e: &mut Engine<Inbox>, topic: &str, data: &str) -> Published {
+    let p = Publish {
+        id: None,
+        topic: topic.into(),
+        payload: Bytes::copy_from_slice(data.as_bytes()),
+        kind: PayloadKind::Text,
+        content_type: None,
+        stamp: false,
+    };
+    e.publish(&p, 1_000).unwrap()
+}
+
+fn data(msgs: &[Value]) -> Vec<&str> {
+    msgs.iter()
+        .filter(|m| m["op"] == "msg")
+        .map(|m| m["data"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn overlapping_patterns_deliver_once_per_connection_in_order() {
+    let mut e = engine();
+    let (a, inbox_a) = client(&mut e);
+    let (b, inbox_b) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"quotes/*/EURUSD"}"#, 0).unwrap();
+    req(&mut e, a, r#"{"op":"sub","topic":"quotes/>"}"#, 0).unwrap();
+    req(&mut e, b, r#"{"op":"sub","topic":"quotes/fx/>"}"#, 0).unwrap();
+    inbox_a.take();
+    inbox_b.take();
+    for i in 0..5 {
+        let p = publish(&mut e, "quotes/fx/EURUSD", &i.to_string());
+        assert_eq!(p.deliveries, 2);
+    }
+    publish(&mut e, "quotes/eq/IBM", "x");
+    let a_msgs = inbox_a.take();
+    assert_eq!(data(&a_msgs), ["0", "1", "2", "3", "4", "x"]);
+    assert_eq!(data(&inbox_b.take()), ["0", "1", "2", "3", "4"]);
+    let seqs: Vec<u64> = a_msgs
+        .iter()
+        .take(5)
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn every_subscriber_gets_the_same_bytes() {
+    let mut e = engine();
+    let (a, inbox_a) = client(&mut e);
+    let (b, inbox_b) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"t"}"#, 0).unwrap();
+    req(&mut e, b, r#"{"op":"sub","topic":">"}"#, 0).unwrap();
+    inbox_a.frames();
+    inbox_b.frames();
+    publish(&mut e, "t", "hello");
+    let (fa, fb) = (inbox_a.frames().remove(0), inbox_b.frames().remove(0));
+    assert_eq!(fa.head.as_ptr(), fb.head.as_ptr(), "one shared encoding");
+}
+
+#[test]
+fn subscribe_replies_and_errors_carry_the_id() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","id":"s1","topic":"a/*"}"#, 0).unwrap();
+    assert_eq!(
+        inbox.take(),
+        [json!({"op":"subscribed","id":"s1","topic":"a/*","recovered":true,"replayed":0})]
+    );
+    assert_eq!(
+        req(&mut e, a, r#"{"op":"sub","id":2,"topic":"a//b"}"#, 0),
+        Err("invalid_topic")
+    );
+    assert_eq!(
+        req(
+            &mut e,
+            a,
+            r#"{"op":"pub","id":3,"topic":"a/*","data":"x"}"#,
+            0
+        ),
+        Err("publish_to_pattern")
+    );
+    assert_eq!(
+        req(&mut e, a, r#"{"op":"unsub","id":4,"topic":"b"}"#, 0),
+        Err("not_subscribed")
+    );
+    let errors = inbox.take();
+    assert_eq!(
+        errors.iter().map(|v| v["id"].clone()).collect::<Vec<_>>(),
+        [json!(2), json!(3), json!(4)]
+    );
+    assert!(errors
+        .iter()
+        .all(|v| v["op"] == "error" && v["message"].as_str().unwrap().len() > 10));
+    assert!(
+        errors[1]["message"].as_str().unwrap().contains("a/*"),
+        "{}",
+        errors[1]
+    );
+}
+
+#[test]
+fn publish_with_id_is_acknowledged_with_its_sequence_number() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"pub","topic":"x/y","data":"1"}"#, 0).unwrap();
+    req(
+        &mut e,
+        a,
+        r#"{"op":"pub","id":7,"topic":"x/y","data":"2"}"#,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        inbox.take(),
+        [json!({"op":"ack","id":7,"topic":"x/y","seq":2})]
+    );
+}
+
+#[test]
+fn unsubscribe_stops_delivery() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"t/>"}"#, 0).unwrap();
+    req(&mut e, a, r#"{"op":"unsub","id":1,"topic":"t/>"}"#, 0).unwrap();
+    assert_eq!(
+        inbox.take()[1],
+        json!({"op":"unsubscribed","id":1,"topic":"t/>"})
+    );
+    assert_eq!(publish(&mut e, "t/1", "x").deliveries, 0);
+    assert_eq!(e.subscription_count(), 0);
+}
+
+#[test]
+fn subscription_limit_is_enforced_and_resubscribing_is_idempotent() {
+    let config = EngineConfig {
+        max_subscriptions_per_connection: 2,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"a"}"#, 0).unwrap();
+    req(&mut e, a, r#"{"op":"sub","topic":"a"}"#, 0).unwrap();
+    req(&mut e, a, r#"{"op":"sub","topic":"b"}"#, 0).unwrap();
+    assert_eq!(
+        req(&mut e, a, r#"{"op":"sub","topic":"c"}"#, 0),
+        Err("too_many_subscriptions")
+    );
+    assert_eq!(e.subscription_count(), 2);
+    inbox.take();
+    assert_eq!(publish(&mut e, "a", "x").deliveries, 1);
+    assert_eq!(data(&inbox.take()), ["x"]);
+}
+
+#[test]
+fn disconnect_removes_subscriptions_and_reuses_the_slot() {
+    let mut e = engine();
+    let (a, _) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":">"}"#, 0).unwrap();
+    assert!(e.disconnect(a).is_some());
+    assert!(e.disconnect(a).is_none());
+    assert_eq!((e.subscription_count(), e.connection_count()), (0, 0));
+    assert_eq!(publish(&mut e, "t", "x").deliveries, 0);
+    let (b, _) = client(&mut e);
+    assert_eq!(b, a);
+}
+
+#[test]
+fn snapshot_delivers_last_values_after_the_reply() {
+    let mut e = engine();
+    publish(&mut e, "q/a", "1");
+    publish(&mut e, "q/a", "2");
+    publish(&mut e, "q/b", "3");
+    publish(&mut e, "r/c", "4");
+    let (a, inbox) = client(&mut e);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","id":1,"topic":"q/*","snapshot":true}"#,
+        0,
+    )
+    .unwrap();
+    let got = inbox.take();
+    assert_eq!(got[0]["op"], "subscribed");
+    assert_eq!(got[0]["replayed"], 2);
+    assert_eq!(data(&got), ["2", "3"]);
+    assert_eq!(got[1]["seq"], 2);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"r/c","snapshot":true}"#,
+        0,
+    )
+    .unwrap();
+    assert_eq!(data(&inbox.take()), ["4"]);
+}
+
+#[test]
+fn recovery_replays_exactly_what_was_missed() {
+    let mut e = engine();
+    for i in 1..=10 {
+        publish(&mut e, "t", &i.to_string());
+    }
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"t","snapshot":true}"#, 0).unwrap();
+    let epoch = inbox.take()[1]["epoch"].as_str().unwrap().to_owned();
+    let since = format!(
+        r#"{{"op":"sub","id":1,"topic":"t","since":{{"t":{{"seq":7,"epoch":"{epoch}"}}}}}}"#
+    );
+    let (b, inbox_b) = client(&mut e);
+    req(&mut e, b, &since, 0).unwrap();
+    let got = inbox_b.take();
+    assert_eq!(
+        got[0],
+        json!({"op":"subscribed","id":1,"topic":"t","recovered":true,"replayed":3})
+    );
+    assert_eq!(data(&got), ["8", "9", "10"]);
+    // Then live messages follow without a gap.
+    publish(&mut e, "t", "11");
+    assert_eq!(inbox_b.take()[0]["seq"], 11);
+}
+
+#[test]
+fn recovery_reports_trimmed_history_and_changed_epochs() {
+    let rule = HistoryRule {
+        pattern: ">".into(),
+        max_messages: 3,
+        ..HistoryRule::default()
+    };
+    let config = EngineConfig {
+        history: vec![rule],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    for i in 1..=10 {
+        publish(&mut e, "t/a", &i.to_string());
+    }
+    publish(&mut e, "t/b", "b1");
+    let (a, inbox) = client(&mut e);
+    let since = r#"{"t/a":{"seq":2,"epoch":"EPOCH"},"t/b":{"seq":5,"epoch":"old"},"t/zz":{"seq":1,"epoch":"old"}}"#;
+    let epoch_a = {
+        req(
+            &mut e,
+            a,
+            r#"{"op":"sub","topic":"t/a","snapshot":true}"#,
+            0,
+        )
+        .unwrap();
+        inbox.take()[1]["epoch"].as_str().unwrap().to_owned()
+    };
+    let (b, inbox_b) = client(&mut e);
+    let request = format!(
+        r#"{{"op":"sub","topic":"t/>","since":{}}}"#,
+        since.replace("EPOCH", &epoch_a)
+    );
+    req(&mut e, b, &request, 0).unwrap();
+    let got = inbox_b.take();
+    let epoch_b = got.last().unwrap()["epoch"].clone();
+    assert_eq!(
+        got[0],
+        json!({"op":"subscribed","topic":"t/>","recovered":false,"replayed":4,"gaps":[
+            {"topic":"t/a","reason":"history_trimmed","from":3,"to":7},
+            {"topic":"t/b","reason":"epoch_changed","epoch":epoch_b},
+            {"topic":"t/zz","reason":"unknown_topic"}]})
+    );
+    assert_eq!(data(&got), ["8", "9", "10", "b1"]);
+}
+
+#[test]
+fn history_is_trimmed_by_bytes_and_age() {
+    let rule = HistoryRule {
+        pattern: "big/>".into(),
+        max_messages: 100,
+        max_bytes: 300,
+        max_age_secs: 10,
+    };
+    let config = EngineConfig {
+        history: vec![rule],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let body = "x".repeat(60);
+    for _ in 0..10 {
+        publish(&mut e, "big/t", &body); // ~125 bytes per frame
+    }
+    let (a, inbox) = client(&mut e);
+    let epoch = {
+        req(
+            &mut e,
+            a,
+            r#"{"op":"sub","topic":"big/t","snapshot":true}"#,
+            0,
+        )
+        .unwrap();
+        inbox.take()[1]["epoch"].as_str().unwrap().to_owned()
+    };
+    let since = |seq: u64| {
+        format!(
+            r#"{{"op":"sub","topic":"big/t","since":{{"big/t":{{"seq":{seq},"epoch":"{epoch}"}}}}}}"#
+        )
+    };
+    req(&mut e, a, &since(0), 1_000).unwrap();
+    let got = inbox.take();
+    assert_eq!(
+        got[0]["gaps"][0]["to"], 8,
+        "only 2 frames fit in 300 bytes: {}",
+        got[0]
+    );
+    // 11 s later everything has aged out, but the last value stays for snapshots.
+    req(&mut e, a, &since(0), 1_000 + 11_000_000).unwrap();
+    assert_eq!(inbox.take()[0]["replayed"], 0);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"big/t","snapshot":true}"#,
+        1_000 + 11_000_000,
+    )
+    .unwrap();
+    assert_eq!(inbox.take()[0]["replayed"], 1);
+    // Topics that no rule matches keep only their last value.
+    publish(&mut e, "other", "1");
+    publish(&mut e, "other", "2");
+    let (b, inbox_b) = client(&mut e);
+    req(
+        &mut e,
+        b,
+        &format!(
+            r#"{{"op":"sub","topic":"other","since":{{"other":{{"seq":0,"epoch":"{}"}}}}}}"#,
+            "?"
+        ),
+        0,
+    )
+    .unwrap();
+    assert_eq!(inbox_b.take()[0]["recovered"], false);
+}
+
+#[test]
+fn since_must_name_topics_the_pattern_matches() {
+    let mut e = engine();
+    let (a, _) = client(&mut e);
+    assert_eq!(
+        req(
+            &mut e,
+            a,
+            r#"{"op":"sub","topic":"a/*","since":{"b/c":{"seq":1,"epoch":"x"}}}"#,
+            0
+        ),
+        Err("invalid_topic")
+    );
+    assert_eq!(
+        e.subscription_count(),
+        0,
+        "a refused subscribe leaves nothing behind"
+    );
+}
+
+#[test]
+fn stamp_adds_the_receive_time_and_content_type_travels() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"t"}"#, 0).unwrap();
+    req(
+        &mut e,
+        a,
+        r#"{"op":"pub","topic":"t","data":"x","stamp":true,"ct":"text/csv"}"#,
+        123_456,
+    )
+    .unwrap();
+    let msg = inbox.take().pop().unwrap();
+    assert_eq!(
+        (msg["ts"].clone(), msg["ct"].clone()),
+        (json!(123_456), json!("text/csv"))
+    );
+}
+
+#[test]
+fn binary_payloads_are_delivered_unchanged_and_oversize_is_refused() {
+    let config = EngineConfig {
+        max_message_bytes: 1000,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"cam"}"#, 0).unwrap();
+    inbox.take();
+    let payload: Vec<u8> = (0..=255).collect();
+    let p = Publish {
+        id: None,
+        topic: "cam".into(),
+        payload: Bytes::from(payload.clone()),
+        kind: PayloadKind::Binary,
+        content_type: Some("image/fits".into()),
+        stamp: false,
+    };
+    e.publish(&p, 0).unwrap();
+    let msg = inbox.take().pop().unwrap();
+    assert_eq!(msg["payload"], json!(payload));
+    assert_eq!(msg["ct"], "image/fits");
+    let big = Publish {
+        payload: Bytes::from(vec![0; 1001]),
+        ..p
+    };
+    assert_eq!(e.publish(&big, 0).unwrap_err().code, "message_too_large");
+}
+
+#[test]
+fn epochs_differ_between_seeds_and_topics() {
+    let mut e1 = Engine::<Inbox>::new(EngineConfig::default(), 1);
+    let mut e2 = Engine::<Inbox>::new(EngineConfig::default(), 2);
+    let epoch = |e: &mut Engine<Inbox>, t: &str| e.topic_state(t).epoch.clone();
+    let (a, b) = (epoch(&mut e1, "t"), epoch(&mut e2, "t"));
+    assert_ne!(a, b);
+    assert_ne!(epoch(&mut e1, "u"), a);
+    assert_eq!(a.len(), 12);
+}

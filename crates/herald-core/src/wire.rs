@@ -1,0 +1,676 @@
+//! The native protocol codec (see `docs/protocol.md`): decodes client requests and encodes
+//! server frames. Pure: bytes in, values out.
+//!
+//! Server frames are encoded as *complete WebSocket frames* (header included). A server frame
+//! is unmasked, so the same bytes are valid on every connection: a message is encoded once and
+//! every subscriber's socket is handed the same refcounted [`Frame`]. This is the product's hot
+//! path, which is why framing is written here by hand rather than left to the WebSocket crate
+//! (which would copy and re-frame the payload for every subscriber).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// A request id: any JSON number or string, echoed verbatim in the reply.
+pub type RequestId = serde_json::Value;
+
+/// An encoded server → client WebSocket frame, shared by every connection it is sent to.
+///
+/// `head` holds the WebSocket header and, for binary messages, the protocol header; `body` holds
+/// the payload, so that a large binary payload is never copied into the frame.
+#[derive(Clone, Debug, Default)]
+pub struct Frame {
+    pub head: Bytes,
+    pub body: Bytes,
+}
+
+impl Frame {
+    /// Total bytes this frame occupies on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole frame as one contiguous buffer (tests and small control frames).
+    pub fn to_vec(&self) -> Vec<u8> {
+        [&self.head[..], &self.body[..]].concat()
+    }
+}
+
+/// WebSocket opcodes used by the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpCode {
+    Text = 0x1,
+    Binary = 0x2,
+    Close = 0x8,
+    Pong = 0xA,
+}
+
+/// How a payload was published, and so how it is delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadKind {
+    /// Valid UTF-8, delivered in a JSON text frame.
+    Text,
+    /// Raw bytes, delivered in a binary frame behind a JSON header.
+    Binary,
+}
+
+/// A position in a topic's stream, as a client last saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    pub seq: u64,
+    pub epoch: String,
+}
+
+/// A decoded client request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Subscribe(Subscribe),
+    Unsubscribe {
+        id: Option<RequestId>,
+        topic: String,
+    },
+    Publish(Publish),
+    Ping {
+        id: Option<RequestId>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Subscribe {
+    pub id: Option<RequestId>,
+    pub topic: String,
+    pub snapshot: bool,
+    pub since: HashMap<String, Position>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Publish {
+    pub id: Option<RequestId>,
+    pub topic: String,
+    pub payload: Bytes,
+    pub kind: PayloadKind,
+    pub content_type: Option<String>,
+    pub stamp: bool,
+}
+
+/// A request that could not be decoded or carried out: a stable code and a message for people.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ProtocolError {
+    pub id: Option<RequestId>,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ProtocolError {
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        ProtocolError {
+            id: None,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn with_id(mut self, id: Option<RequestId>) -> Self {
+        self.id = id;
+        self
+    }
+}
+
+/// Every field any request may carry; unknown fields are ignored, so newer clients can talk to
+/// older servers. One flat struct decodes faster than an internally tagged enum (which buffers).
+#[derive(Deserialize)]
+struct RawRequest<'a> {
+    #[serde(borrow, default)]
+    op: Option<Cow<'a, str>>,
+    #[serde(default)]
+    id: Option<RequestId>,
+    #[serde(borrow, default)]
+    topic: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    data: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    ct: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stamp: bool,
+    #[serde(default)]
+    snapshot: bool,
+    #[serde(default)]
+    since: HashMap<String, Position>,
+}
+
+/// Decodes a text frame: one JSON object.
+pub fn decode_text(text: &str) -> Result<Request, ProtocolError> {
+    let raw = parse_object(text).map_err(|e| {
+        ProtocolError::new(
+            "bad_json",
+            format!("request is not a valid JSON object: {e}"),
+        )
+    })?;
+    let data = raw
+        .data
+        .as_ref()
+        .map(|d| Bytes::copy_from_slice(d.as_bytes()));
+    into_request(raw, data.map(|d| (d, PayloadKind::Text)))
+}
+
+/// Decodes a binary frame: a 4-byte big-endian header length, a JSON header, the payload.
+/// The payload is a zero-copy slice of `frame`.
+pub fn decode_binary(frame: Bytes) -> Result<Request, ProtocolError> {
+    let (head, payload_at) = split_binary(&frame)?;
+    let raw = parse_object(head).map_err(|e| {
+        ProtocolError::new(
+            "bad_frame",
+            format!("binary frame header is not a valid JSON object: {e}"),
+        )
+    })?;
+    if raw.data.is_some() {
+        return Err(ProtocolError::new(
+            "bad_frame",
+            "a binary frame's header must not carry `data`: the payload follows the header",
+        )
+        .with_id(raw.id));
+    }
+    let payload = frame.slice(payload_at..);
+    into_request(raw, Some((payload, PayloadKind::Binary)))
+}
+
+/// Splits a binary frame (either direction) into its JSON header text and the offset where the
+/// payload starts.
+pub fn split_binary(frame: &[u8]) -> Result<(&str, usize), ProtocolError> {
+    if frame.len() < 4 {
+        return Err(ProtocolError::new(
+            "bad_frame",
+            format!(
+                "binary frame of {} bytes is shorter than its 4-byte header length",
+                frame.len()
+            ),
+        ));
+    }
+    let head_len = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+    let Some(head_end) = head_len.checked_add(4).filter(|end| *end <= frame.len()) else {
+        return Err(ProtocolError::new(
+            "bad_frame",
+            format!(
+                "binary frame says its header is {head_len} bytes but only {} follow the length",
+                frame.len() - 4
+            ),
+        ));
+    };
+    let head = std::str::from_utf8(&frame[4..head_end])
+        .map_err(|_| ProtocolError::new("bad_frame", "binary frame header is not valid UTF-8"))?;
+    Ok((head, head_end))
+}
+
+/// Parses a request object. serde would also accept a JSON array for a struct; the protocol
+/// does not.
+fn parse_object(text: &str) -> Result<RawRequest<'_>, String> {
+    if !text.trim_start().starts_with('{') {
+        return Err("expected `{` at the start".into());
+    }
+    serde_json::from_str(text).map_err(|e| e.to_string())
+}
+
+fn into_request(
+    raw: RawRequest,
+    payload: Option<(Bytes, PayloadKind)>,
+) -> Result<Request, ProtocolError> {
+    let id = raw.id;
+    if let Some(bad) = id.as_ref().filter(|v| !(v.is_number() || v.is_string())) {
+        return Err(ProtocolError::new(
+            "bad_json",
+            format!("`id` must be a number or a string, not {bad}"),
+        ));
+    }
+    let missing = |field: &str, op: &str| {
+        ProtocolError::new("missing_field", format!("`{op}` needs a `{field}` field"))
+            .with_id(id.clone())
+    };
+    let op = raw.op.as_deref().ok_or_else(|| {
+        ProtocolError::new(
+            "unknown_op",
+            "request has no `op` field; expected one of sub, unsub, pub, ping",
+        )
+        .with_id(id.clone())
+    })?;
+    match op {
+        "sub" => Ok(Request::Subscribe(Subscribe {
+            topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
+            snapshot: raw.snapshot,
+            since: raw.since,
+            id,
+        })),
+        "unsub" => Ok(Request::Unsubscribe {
+            topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
+            id,
+        }),
+        "pub" => {
+            let topic = raw.topic.ok_or_else(|| missing("topic", op))?.into_owned();
+            let (payload, kind) = payload.ok_or_else(|| missing("data", op))?;
+            Ok(Request::Publish(Publish {
+                topic,
+                payload,
+                kind,
+                content_type: raw.ct.map(Cow::into_owned),
+                stamp: raw.stamp,
+                id,
+            }))
+        }
+        "ping" => Ok(Request::Ping { id }),
+        other => Err(ProtocolError::new(
+            "unknown_op",
+            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping"),
+        )
+        .with_id(id)),
+    }
+}
+
+/// What a delivered message frame says about its message.
+#[derive(Clone, Copy, Debug)]
+pub struct MessageMeta<'a> {
+    pub topic: &'a str,
+    pub seq: u64,
+    pub epoch: &'a str,
+    pub content_type: Option<&'a str>,
+    /// herald's receive time, µs since the UNIX epoch, when the publisher asked for it.
+    pub timestamp_us: Option<u64>,
+}
+
+/// Encodes a message once for all its subscribers.
+pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) -> Frame {
+    match kind {
+        PayloadKind::Text => {
+            let text = std::str::from_utf8(payload)
+                .expect("text payloads are validated UTF-8 when published");
+            let mut json = Vec::with_capacity(payload.len() + meta.topic.len() + 64);
+            write_meta_fields(&mut json, meta);
+            json.extend_from_slice(b",\"data\":");
+            write_json_str(&mut json, text);
+            json.push(b'}');
+            let head = ws_header(OpCode::Text, json.len());
+            // One buffer: small text messages are cheapest to write as a single slice.
+            let mut buf = BytesMut::with_capacity(head.len() + json.len());
+            buf.put_slice(&head);
+            buf.put_slice(&json);
+            Frame {
+                head: buf.freeze(),
+                body: Bytes::new(),
+            }
+        }
+        PayloadKind::Binary => {
+            let mut json = Vec::with_capacity(meta.topic.len() + 64);
+            write_meta_fields(&mut json, meta);
+            json.push(b'}');
+            let head = ws_header(OpCode::Binary, 4 + json.len() + payload.len());
+            let mut buf = BytesMut::with_capacity(head.len() + 4 + json.len());
+            buf.put_slice(&head);
+            buf.put_u32(json.len() as u32);
+            buf.put_slice(&json);
+            Frame {
+                head: buf.freeze(),
+                body: payload.clone(),
+            }
+        }
+    }
+}
+
+/// `{"op":"msg","topic":…,"seq":…,"epoch":…[,"ct":…][,"ts":…]` (no closing brace).
+fn write_meta_fields(out: &mut Vec<u8>, meta: &MessageMeta) {
+    out.extend_from_slice(b"{\"op\":\"msg\",\"topic\":");
+    write_json_str(out, meta.topic);
+    out.extend_from_slice(b",\"seq\":");
+    write_u64(out, meta.seq);
+    out.extend_from_slice(b",\"epoch\":");
+    write_json_str(out, meta.epoch);
+    if let Some(ct) = meta.content_type {
+        out.extend_from_slice(b",\"ct\":");
+        write_json_str(out, ct);
+    }
+    if let Some(ts) = meta.timestamp_us {
+        out.extend_from_slice(b",\"ts\":");
+        write_u64(out, ts);
+    }
+}
+
+fn write_u64(out: &mut Vec<u8>, n: u64) {
+    use std::io::Write;
+    write!(out, "{n}").expect("writing to a Vec cannot fail");
+}
+
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(out, s).expect("writing JSON to a Vec cannot fail");
+}
+
+/// Server replies (everything but messages). Not on the fan-out path: serde is fine here.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Reply {
+    Subscribed {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+        topic: String,
+        recovered: bool,
+        replayed: usize,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        gaps: Vec<Gap>,
+    },
+    Unsubscribed {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+        topic: String,
+    },
+    Ack {
+        id: RequestId,
+        topic: String,
+        seq: u64,
+    },
+    Pong {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+    },
+    Dropped {
+        topic: String,
+        count: u64,
+    },
+    Error {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+        code: &'static str,
+        message: String,
+    },
+}
+
+impl From<ProtocolError> for Reply {
+    fn from(e: ProtocolError) -> Self {
+        Reply::Error {
+            id: e.id,
+            code: e.code,
+            message: e.message,
+        }
+    }
+}
+
+/// Why a subscriber's requested history could not be replayed in full.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum GapReason {
+    /// Messages `from..=to` are no longer held.
+    HistoryTrimmed { from: u64, to: u64 },
+    /// The topic's history was lost; sequence numbers restarted under `epoch`.
+    EpochChanged { epoch: String },
+    /// Nothing is held of the topic.
+    UnknownTopic,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Gap {
+    pub topic: String,
+    #[serde(flatten)]
+    pub reason: GapReason,
+}
+
+/// Encodes a reply as a text frame.
+pub fn encode_reply(reply: &Reply) -> Frame {
+    let json = serde_json::to_vec(reply).expect("replies always serialize");
+    let mut buf = BytesMut::with_capacity(json.len() + 10);
+    buf.put_slice(&ws_header(OpCode::Text, json.len()));
+    buf.put_slice(&json);
+    Frame {
+        head: buf.freeze(),
+        body: Bytes::new(),
+    }
+}
+
+/// Encodes a close frame. The reason is cut to fit the 123 bytes a control frame allows.
+pub fn encode_close(code: u16, reason: &str) -> Frame {
+    let mut cut = reason.len().min(123);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut payload = Vec::with_capacity(2 + cut);
+    payload.extend_from_slice(&code.to_be_bytes());
+    payload.extend_from_slice(&reason.as_bytes()[..cut]);
+    encode_control(OpCode::Close, &payload)
+}
+
+/// Encodes a control frame (close, pong) with the given payload (at most 125 bytes).
+pub fn encode_control(op: OpCode, payload: &[u8]) -> Frame {
+    debug_assert!(payload.len() <= 125);
+    let mut buf = BytesMut::with_capacity(2 + payload.len());
+    buf.put_slice(&ws_header(op, payload.len()));
+    buf.put_slice(payload);
+    Frame {
+        head: buf.freeze(),
+        body: Bytes::new(),
+    }
+}
+
+/// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2).
+fn ws_header(op: OpCode, len: usize) -> Vec<u8> {
+    let mut h = Vec::with_capacity(10);
+    h.push(0x80 | op as u8);
+    match len {
+        0..=125 => h.push(len as u8),
+        126..=0xFFFF => {
+            h.push(126);
+            h.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            h.push(127);
+            h.extend_from_slice(&(len as u64).to_be_bytes());
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::unframe;
+    use serde_json::{json, Value};
+
+    fn meta<'a>(topic: &'a str, ct: Option<&'a str>, ts: Option<u64>) -> MessageMeta<'a> {
+        MessageMeta {
+            topic,
+            seq: 42,
+            epoch: "e1",
+            content_type: ct,
+            timestamp_us: ts,
+        }
+    }
+
+    #[test]
+    fn decodes_every_op() {
+        let sub = decode_text(r#"{"op":"sub","id":1,"topic":"a/*","snapshot":true,"since":{"a/b":{"seq":3,"epoch":"x"}}}"#)
+            .unwrap();
+        let Request::Subscribe(s) = sub else {
+            panic!("{sub:?}")
+        };
+        assert_eq!(
+            (s.topic.as_str(), s.snapshot, s.id),
+            ("a/*", true, Some(json!(1)))
+        );
+        assert_eq!(
+            s.since["a/b"],
+            Position {
+                seq: 3,
+                epoch: "x".into()
+            }
+        );
+
+        assert_eq!(
+            decode_text(r#"{"op":"unsub","id":"u","topic":"a/>"}"#).unwrap(),
+            Request::Unsubscribe {
+                id: Some(json!("u")),
+                topic: "a/>".into()
+            }
+        );
+        let Request::Publish(p) = decode_text(r#"{"op":"pub","topic":"a/b","data":"h\u00e9\n","stamp":true,"ct":"text/plain","extra":1}"#).unwrap() else {
+            panic!()
+        };
+        assert_eq!(&p.payload[..], "hé\n".as_bytes());
+        assert_eq!(
+            (p.kind, p.stamp, p.content_type.as_deref()),
+            (PayloadKind::Text, true, Some("text/plain"))
+        );
+        assert_eq!(
+            decode_text(r#"{"op":"ping"}"#).unwrap(),
+            Request::Ping { id: None }
+        );
+    }
+
+    #[test]
+    fn decode_errors_have_codes_and_keep_the_id() {
+        let cases = [
+            ("not json", "bad_json"),
+            ("[1,2]", "bad_json"),
+            (r#"{"op":"sub","topic":5}"#, "bad_json"),
+            (r#"{"op":"sub","id":{"a":1},"topic":"a"}"#, "bad_json"),
+            (r#"{"topic":"a"}"#, "unknown_op"),
+            (r#"{"op":"dance","id":7}"#, "unknown_op"),
+            (r#"{"op":"sub","id":7}"#, "missing_field"),
+            (r#"{"op":"pub","id":7,"topic":"a"}"#, "missing_field"),
+        ];
+        for (input, code) in cases {
+            let err = decode_text(input).unwrap_err();
+            assert_eq!(err.code, code, "{input}: {err}");
+            assert!(!err.message.is_empty());
+        }
+        assert_eq!(
+            decode_text(r#"{"op":"dance","id":7}"#).unwrap_err().id,
+            Some(json!(7))
+        );
+        assert!(decode_text(r#"{"op":"dance"}"#)
+            .unwrap_err()
+            .message
+            .contains("dance"));
+    }
+
+    #[test]
+    fn binary_publish_round_trip_is_zero_copy() {
+        let head = br#"{"op":"pub","topic":"cam/1","ct":"image/fits","id":9}"#;
+        let mut frame = (head.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(head);
+        frame.extend_from_slice(&[0, 1, 2, 255]);
+        let frame = Bytes::from(frame);
+        let Request::Publish(p) = decode_binary(frame.clone()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(&p.payload[..], &[0, 1, 2, 255]);
+        assert_eq!(p.kind, PayloadKind::Binary);
+        assert_eq!(
+            p.payload.as_ptr(),
+            frame[4 + head.len()..].as_ptr(),
+            "payload borrows the frame"
+        );
+    }
+
+    #[test]
+    fn binary_garbage_is_rejected() {
+        for bad in [
+            &b""[..],
+            b"\x00\x00",
+            b"\x00\x00\x00\x09{}",
+            b"\xff\xff\xff\xff{}",
+            b"\x00\x00\x00\x02\xff\xfe",
+            b"\x00\x00\x00\x02[]",
+        ] {
+            assert_eq!(
+                decode_binary(Bytes::copy_from_slice(bad)).unwrap_err().code,
+                "bad_frame",
+                "{bad:?}"
+            );
+        }
+        let with_data = br#"{"op":"pub","topic":"a","data":"x"}"#;
+        let mut f = (with_data.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(with_data);
+        assert_eq!(decode_binary(f.into()).unwrap_err().code, "bad_frame");
+    }
+
+    #[test]
+    fn text_message_frame_is_valid_json() {
+        let payload = Bytes::from_static("quote \"1.08\" \u{1F600}".as_bytes());
+        let frame = encode_message(
+            &meta("q/fx/EURUSD", Some("text/plain"), Some(7)),
+            PayloadKind::Text,
+            &payload,
+        );
+        let (op, body) = unframe(&frame);
+        assert_eq!(op, 0x1);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"op":"msg","topic":"q/fx/EURUSD","seq":42,"epoch":"e1","ct":"text/plain","ts":7,"data":"quote \"1.08\" \u{1F600}"})
+        );
+    }
+
+    #[test]
+    fn binary_message_frame_shares_the_payload() {
+        for size in [0usize, 100, 70_000] {
+            let payload = Bytes::from(vec![7u8; size]);
+            let frame = encode_message(&meta("cam/1", None, None), PayloadKind::Binary, &payload);
+            assert_eq!(frame.body.as_ptr(), payload.as_ptr(), "payload not copied");
+            let (op, body) = unframe(&frame);
+            assert_eq!(op, 0x2);
+            let n = u32::from_be_bytes(body[..4].try_into().unwrap()) as usize;
+            let head: Value = serde_json::from_slice(&body[4..4 + n]).unwrap();
+            assert_eq!(
+                head,
+                json!({"op":"msg","topic":"cam/1","seq":42,"epoch":"e1"})
+            );
+            assert_eq!(&body[4 + n..], &payload[..]);
+        }
+    }
+
+    #[test]
+    fn replies_serialize_as_documented() {
+        let r = Reply::Subscribed {
+            id: Some(json!(1)),
+            topic: "a/>".into(),
+            recovered: false,
+            replayed: 2,
+            gaps: vec![
+                Gap {
+                    topic: "a/b".into(),
+                    reason: GapReason::HistoryTrimmed { from: 3, to: 9 },
+                },
+                Gap {
+                    topic: "a/c".into(),
+                    reason: GapReason::EpochChanged { epoch: "z".into() },
+                },
+            ],
+        };
+        let (_, body) = unframe(&encode_reply(&r));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"op":"subscribed","id":1,"topic":"a/>","recovered":false,"replayed":2,"gaps":[
+                {"topic":"a/b","reason":"history_trimmed","from":3,"to":9},
+                {"topic":"a/c","reason":"epoch_changed","epoch":"z"}]})
+        );
+        let (_, body) = unframe(&encode_reply(&Reply::Dropped {
+            topic: "a".into(),
+            count: 3,
+        }));
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap(),
+            json!({"op":"dropped","topic":"a","count":3})
+        );
+    }
+
+    #[test]
+    fn close_frame_reason_is_cut_on_a_char_boundary() {
+        let reason = "é".repeat(100);
+        let (op, body) = unframe(&encode_close(4008, &reason));
+        assert_eq!(op, 0x8);
+        assert_eq!(u16::from_be_bytes([body[0], body[1]]), 4008);
+        assert!(body.len() <= 125);
+        assert!(std::str::from_utf8(&body[2..]).is_ok());
+    }
+}

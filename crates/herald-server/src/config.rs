@@ -1,0 +1,157 @@
+//! Server configuration: embedded defaults, then a TOML file, then `HERALD_*` environment
+//! variables, then command-line flags — each overriding the one before.
+
+use anyhow::{bail, Context};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use herald_core::engine::{EngineConfig, HistoryRule};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP and WebSocket listener binds to.
+    pub listen: SocketAddr,
+    /// Largest message payload accepted, over WebSocket or HTTP (bytes).
+    pub max_message_bytes: usize,
+    /// Most bytes queued for one connection before it is disconnected as a slow consumer.
+    pub max_outbound_bytes: usize,
+    pub max_subscriptions_per_connection: usize,
+    /// WebSocket connections accepted at once; more are refused with 503.
+    pub max_connections: usize,
+    /// How long shutdown waits for clients to receive their close frame (seconds).
+    pub shutdown_grace_secs: u64,
+    /// Per-topic history, first matching pattern wins; topics no rule matches keep only their
+    /// last value.
+    pub history: Vec<HistoryRule>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let engine = EngineConfig::default();
+        Config {
+            listen: ([127, 0, 0, 1], 8080).into(),
+            max_message_bytes: engine.max_message_bytes,
+            max_outbound_bytes: 16 << 20,
+            max_subscriptions_per_connection: engine.max_subscriptions_per_connection,
+            max_connections: 10_000,
+            shutdown_grace_secs: 5,
+            history: engine.history,
+        }
+    }
+}
+
+/// The keys `HERALD_*` variables may set. Listed so that the CLI's own variables (`HERALD_URL`,
+/// `HERALD_TOKEN`) are not mistaken for server settings.
+const ENV_KEYS: &[&str] = &[
+    "listen",
+    "max_message_bytes",
+    "max_outbound_bytes",
+    "max_subscriptions_per_connection",
+    "max_connections",
+    "shutdown_grace_secs",
+];
+
+impl Config {
+    /// Loads the layered configuration. `overrides` holds the command-line flags that were given
+    /// (serialized; absent fields leave lower layers alone).
+    pub fn load(file: Option<&Path>, overrides: impl Serialize) -> anyhow::Result<Config> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                bail!(
+                    "config file {} does not exist (or is not a file)",
+                    path.display()
+                );
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        let config: Config = figment
+            .merge(Env::prefixed("HERALD_").only(ENV_KEYS))
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .context("invalid configuration")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        for rule in &self.history {
+            herald_core::topic::validate_pattern(&rule.pattern)
+                .with_context(|| format!("history rule pattern {:?}", rule.pattern))?;
+        }
+        if self.max_message_bytes == 0 || self.max_outbound_bytes == 0 {
+            bail!("max_message_bytes and max_outbound_bytes must be greater than zero");
+        }
+        Ok(())
+    }
+
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            history: self.history.clone(),
+            max_subscriptions_per_connection: self.max_subscriptions_per_connection,
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_override_in_order() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "herald.toml",
+                r#"
+                listen = "127.0.0.1:9000"
+                max_connections = 5
+                max_outbound_bytes = 1000
+                [[history]]
+                pattern = "quotes/>"
+                max_messages = 7
+                "#,
+            )?;
+            jail.set_env("HERALD_MAX_CONNECTIONS", "6");
+            jail.set_env("HERALD_URL", "ws://ignored");
+            let flags = serde_json::json!({ "listen": "127.0.0.1:9001" });
+            let c = Config::load(Some(Path::new("herald.toml")), flags).unwrap();
+            assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
+            assert_eq!(c.max_connections, 6);
+            assert_eq!(c.max_outbound_bytes, 1000);
+            assert_eq!(c.history.len(), 1);
+            assert_eq!(
+                (c.history[0].max_messages, c.history[0].max_bytes),
+                (7, 1 << 20)
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_configs_are_explained() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("typo.toml", "max_conections = 5")?;
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("typo.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("max_conections"), "{err}");
+            jail.create_file("bad.toml", "[[history]]\npattern = \"a/>/b\"")?;
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("bad.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("a/>/b"), "{err}");
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("missing.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("missing.toml"), "{err}");
+            Ok(())
+        });
+    }
+}

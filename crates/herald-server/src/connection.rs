@@ -1,0 +1,290 @@
+//! One client connection's outbound side: the queue the engine fills and the writer task that
+//! drains it to the socket.
+//!
+//! The writer takes *everything* queued at each turn and sends it with vectored writes, so under
+//! load many messages leave in one system call, and when idle a message leaves at once.
+
+use crate::metrics::{Disconnect, Metrics};
+use herald_core::engine::Outbox;
+use herald_core::outbox::{OutboundQueue, Pushed};
+use herald_core::wire::{self, Frame};
+use parking_lot::Mutex;
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+
+pub struct Connection {
+    queue: Mutex<OutboundQueue>,
+    /// Wakes the writer when frames arrive in an empty queue or the queue closes.
+    wake: Notify,
+    /// Tells a writer stuck on a full socket that the connection is being cut.
+    cut: Notify,
+    /// Why the connection is closing, once it is.
+    closing: Mutex<Option<Disconnect>>,
+    max_outbound_bytes: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Outbox for Connection {
+    fn send(&self, frame: &Frame) {
+        let pushed = self.queue.lock().push(frame.clone());
+        match pushed {
+            Pushed::First => self.wake.notify_one(),
+            Pushed::Queued | Pushed::Closed => {}
+            Pushed::Overflow => {
+                let reason = format!(
+                    "slow consumer: more than {} bytes queued",
+                    self.max_outbound_bytes
+                );
+                self.close(Disconnect::SlowConsumer, 4008, &reason);
+            }
+        }
+    }
+}
+
+impl Connection {
+    pub fn new(max_outbound_bytes: usize, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Connection {
+            queue: Mutex::new(OutboundQueue::new(max_outbound_bytes)),
+            wake: Notify::new(),
+            cut: Notify::new(),
+            closing: Mutex::new(None),
+            max_outbound_bytes,
+            metrics,
+        })
+    }
+
+    /// Queues a close frame; the writer sends it and stops. A slow consumer's backlog is
+    /// discarded first (it would never drain), and shutdown or an error closes after what is
+    /// already queued. Only the first close counts.
+    pub fn close(&self, why: Disconnect, code: u16, reason: &str) {
+        self.close_with(why, wire::encode_close(code, reason));
+    }
+
+    /// Closes with a ready-made close frame (e.g. the echo of a client's close).
+    pub fn close_with(&self, why: Disconnect, frame: Frame) {
+        let discard = why == Disconnect::SlowConsumer;
+        if !self.queue.lock().close(frame, discard) {
+            return;
+        }
+        *self.closing.lock() = Some(why);
+        if discard {
+            self.cut.notify_one();
+        }
+        self.wake.notify_one();
+    }
+
+    /// Queues a control frame (a pong) that must not count against the consumer.
+    pub fn send_control(&self, frame: Frame) {
+        if self.queue.lock().push(frame) == Pushed::First {
+            self.wake.notify_one();
+        }
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.queue.lock().is_closed()
+    }
+
+    /// Why the connection closed, if it did.
+    pub fn close_reason(&self) -> Option<Disconnect> {
+        *self.closing.lock()
+    }
+
+    /// Writes queued frames to `io` until the close frame has gone out (or the socket fails).
+    /// `grace` bounds how long a close may wait on a client that does not read.
+    pub async fn run_writer<W: AsyncWrite + Unpin>(
+        &self,
+        mut io: W,
+        grace: Duration,
+    ) -> io::Result<()> {
+        let mut batch = Vec::new();
+        loop {
+            let closed = {
+                let mut queue = self.queue.lock();
+                queue.drain_into(&mut batch);
+                queue.is_closed()
+            };
+            if batch.is_empty() {
+                if closed {
+                    break;
+                }
+                self.wake.notified().await;
+                continue;
+            }
+            {
+                let write = write_frames(&mut io, &batch);
+                tokio::pin!(write);
+                if closed {
+                    bounded(grace, &mut write).await?;
+                } else {
+                    tokio::select! {
+                        r = &mut write => r?,
+                        _ = self.cut.notified() => bounded(grace, &mut write).await?,
+                    }
+                }
+            }
+            self.metrics.frames_out.inc_by(batch.len() as u64);
+            self.metrics
+                .bytes_out
+                .inc_by(batch.iter().map(|f| f.len() as u64).sum());
+            batch.clear();
+        }
+        let _ = tokio::time::timeout(grace, io.shutdown()).await;
+        Ok(())
+    }
+}
+
+async fn bounded(
+    grace: Duration,
+    write: impl std::future::Future<Output = io::Result<()>>,
+) -> io::Result<()> {
+    tokio::time::timeout(grace, write)
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "client did not read its close frame",
+            ))
+        })
+}
+
+/// Writes every frame with as few vectored writes as the socket allows.
+async fn write_frames<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Frame]) -> io::Result<()> {
+    // At most IOV_MAX (1024 on Linux) slices per system call.
+    const MAX_SLICES: usize = 1024;
+    let mut chunks: Vec<&[u8]> = Vec::with_capacity(frames.len() * 2);
+    for frame in frames {
+        chunks.extend(
+            [&frame.head[..], &frame.body[..]]
+                .into_iter()
+                .filter(|c| !c.is_empty()),
+        );
+    }
+    let (mut first, mut offset) = (0, 0);
+    while first < chunks.len() {
+        let end = chunks.len().min(first + MAX_SLICES);
+        let mut slices: Vec<IoSlice> = Vec::with_capacity(end - first);
+        slices.push(IoSlice::new(&chunks[first][offset..]));
+        slices.extend(chunks[first + 1..end].iter().map(|c| IoSlice::new(c)));
+        let mut written = io.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let left = chunks[first].len() - offset;
+            if written >= left {
+                written -= left;
+                first += 1;
+                offset = 0;
+            } else {
+                offset += written;
+                written = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// A writer that accepts at most `step` bytes per call, to exercise partial writes.
+    struct Trickle {
+        out: Vec<u8>,
+        step: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let n = buf.len().min(self.step);
+            self.out.extend_from_slice(&buf[..n]);
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn partial_writes_deliver_every_byte_in_order() {
+        let frames: Vec<Frame> = (0..3000u32)
+            .map(|i| Frame {
+                head: Bytes::from(i.to_be_bytes().to_vec()),
+                body: Bytes::from(vec![i as u8; (i % 5) as usize]),
+            })
+            .collect();
+        let expected: Vec<u8> = frames.iter().flat_map(|f| f.to_vec()).collect();
+        for step in [1, 3, 7, 1000, usize::MAX] {
+            let mut sink = Trickle {
+                out: Vec::new(),
+                step,
+            };
+            write_frames(&mut sink, &frames).await.unwrap();
+            assert_eq!(sink.out, expected, "step {step}");
+        }
+    }
+
+    #[tokio::test]
+    async fn writer_sends_queue_then_close_and_stops() {
+        let conn = Connection::new(1 << 20, Arc::new(Metrics::default()));
+        conn.send(&Frame {
+            head: Bytes::from_static(b"abc"),
+            body: Bytes::new(),
+        });
+        conn.close(Disconnect::Shutdown, 1001, "server shutting down");
+        conn.send(&Frame {
+            head: Bytes::from_static(b"late"),
+            body: Bytes::new(),
+        });
+        let mut sink = Trickle {
+            out: Vec::new(),
+            step: 2,
+        };
+        conn.run_writer(&mut sink, Duration::from_secs(1))
+            .await
+            .unwrap();
+        let mut expected = b"abc".to_vec();
+        expected.extend(wire::encode_close(1001, "server shutting down").to_vec());
+        assert_eq!(sink.out, expected);
+        assert_eq!(conn.close_reason(), Some(Disconnect::Shutdown));
+    }
+
+    #[tokio::test]
+    async fn overflow_closes_as_slow_consumer_without_the_backlog() {
+        let conn = Connection::new(10, Arc::new(Metrics::default()));
+        for _ in 0..3 {
+            conn.send(&Frame {
+                head: Bytes::from_static(b"12345678"),
+                body: Bytes::new(),
+            });
+        }
+        assert!(conn.is_closing());
+        let mut sink = Trickle {
+            out: Vec::new(),
+            step: usize::MAX,
+        };
+        conn.run_writer(&mut sink, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(&sink.out[..2], &[0x88, sink.out.len() as u8 - 2]);
+        assert_eq!(u16::from_be_bytes([sink.out[2], sink.out[3]]), 4008);
+        assert!(String::from_utf8_lossy(&sink.out[4..]).starts_with("slow consumer"));
+    }
+}

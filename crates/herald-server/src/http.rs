@@ -1,0 +1,131 @@
+//! The HTTP surface: the WebSocket endpoint, publish over HTTP, health, metrics, the dashboard.
+
+use crate::node::Node;
+use crate::ws;
+use axum::body::{to_bytes, Body};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use herald_core::wire::{PayloadKind, ProtocolError, Publish};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/ws", get(ws::upgrade))
+        .route("/api/publish", post(missing_topic))
+        .route("/api/publish/", post(missing_topic))
+        .route("/api/publish/{*topic}", post(publish))
+        .fallback(not_found)
+        .with_state(node)
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(include_str!("index.html"))
+}
+
+async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    node.refresh_gauges();
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    (
+        [(header::CONTENT_TYPE, content_type)],
+        node.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct PublishOptions {
+    #[serde(default)]
+    stamp: bool,
+}
+
+/// `POST /api/publish/{topic}`: the body, unchanged, is the payload.
+async fn publish(
+    State(node): State<Arc<Node>>,
+    Path(topic): Path<String>,
+    Query(options): Query<PublishOptions>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let limit = node.config.max_message_bytes;
+    let too_large = || {
+        node.count_error("message_too_large");
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ProtocolError::new(
+                "message_too_large",
+                format!("the body exceeds max_message_bytes ({limit} bytes); raise it in the config or send less"),
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return too_large();
+    }
+    let Ok(payload) = to_bytes(body, limit).await else {
+        return too_large();
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let kind = match &content_type {
+        Some(ct) if is_textual(ct) && std::str::from_utf8(&payload).is_ok() => PayloadKind::Text,
+        _ => PayloadKind::Binary,
+    };
+    let request = Publish {
+        id: None,
+        topic,
+        payload,
+        kind,
+        content_type,
+        stamp: options.stamp,
+    };
+    match node.publish_http(&request) {
+        Ok(p) => Json(json!({"topic": request.topic, "seq": p.seq, "deliveries": p.deliveries}))
+            .into_response(),
+        Err(e) if e.code == "message_too_large" => error(StatusCode::PAYLOAD_TOO_LARGE, e),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+/// Content types whose UTF-8 bodies are delivered as text frames.
+fn is_textual(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence.starts_with("text/") || essence == "application/json"
+}
+
+async fn missing_topic(State(node): State<Arc<Node>>) -> Response {
+    node.count_error("invalid_topic");
+    let e = ProtocolError::new(
+        "invalid_topic",
+        "no topic: publish to /api/publish/{topic}, e.g. /api/publish/camera/1/raw",
+    );
+    error(StatusCode::BAD_REQUEST, e)
+}
+
+async fn not_found() -> Response {
+    let e = ProtocolError::new(
+        "not_found",
+        "no such endpoint; herald serves /, /ws, /healthz, /metrics and POST /api/publish/{topic}",
+    );
+    error(StatusCode::NOT_FOUND, e)
+}
+
+fn error(status: StatusCode, e: ProtocolError) -> Response {
+    (status, Json(json!({"code": e.code, "message": e.message}))).into_response()
+}

@@ -1,0 +1,181 @@
+//! Prometheus metrics, served as text at `GET /metrics`.
+//!
+//! Counters on the hot path are resolved once (label lookups cost a lock and a hash) and kept as
+//! plain handles; gauges that mirror engine state are filled in at scrape time.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Source {
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Code {
+    pub code: &'static str,
+}
+
+/// Why a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disconnect {
+    ClientClosed,
+    SlowConsumer,
+    FrameTooLarge,
+    InvalidUtf8,
+    ProtocolError,
+    IoError,
+    Shutdown,
+}
+
+impl Disconnect {
+    pub fn label(self) -> &'static str {
+        match self {
+            Disconnect::ClientClosed => "client_closed",
+            Disconnect::SlowConsumer => "slow_consumer",
+            Disconnect::FrameTooLarge => "frame_too_large",
+            Disconnect::InvalidUtf8 => "invalid_utf8",
+            Disconnect::ProtocolError => "protocol_error",
+            Disconnect::IoError => "io_error",
+            Disconnect::Shutdown => "shutdown",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub connections: Gauge,
+    pub connections_total: Counter,
+    pub connections_refused: Family<Reason, Counter>,
+    pub subscriptions: Gauge,
+    pub topics: Gauge,
+    pub messages_in_ws: Counter,
+    pub messages_in_http: Counter,
+    pub bytes_in_ws: Counter,
+    pub bytes_in_http: Counter,
+    pub deliveries: Counter,
+    pub frames_out: Counter,
+    pub bytes_out: Counter,
+    pub disconnects: Family<Reason, Counter>,
+    pub dropped_messages: Family<Reason, Counter>,
+    pub request_errors: Family<Code, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("herald");
+        let messages_in = Family::<Source, Counter>::default();
+        let bytes_in = Family::<Source, Counter>::default();
+        // One statement each: `get_or_create` returns a read guard, and a second call while a
+        // guard from the same statement is alive would wait for it forever.
+        let messages_in_ws = messages_in.get_or_create(&Source { source: "ws" }).clone();
+        let messages_in_http = messages_in
+            .get_or_create(&Source { source: "http" })
+            .clone();
+        let bytes_in_ws = bytes_in.get_or_create(&Source { source: "ws" }).clone();
+        let bytes_in_http = bytes_in.get_or_create(&Source { source: "http" }).clone();
+        let m = Metrics {
+            connections: Gauge::default(),
+            connections_total: Counter::default(),
+            connections_refused: Family::default(),
+            subscriptions: Gauge::default(),
+            topics: Gauge::default(),
+            messages_in_ws,
+            messages_in_http,
+            bytes_in_ws,
+            bytes_in_http,
+            deliveries: Counter::default(),
+            frames_out: Counter::default(),
+            bytes_out: Counter::default(),
+            disconnects: Family::default(),
+            dropped_messages: Family::default(),
+            request_errors: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "connections",
+            "Open WebSocket connections",
+            m.connections.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "WebSocket connections accepted",
+            m.connections_total.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "WebSocket connections refused, by reason",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "subscriptions",
+            "Active subscriptions",
+            m.subscriptions.clone(),
+        );
+        registry.register(
+            "topics",
+            "Topics with state (sequence, history, last value)",
+            m.topics.clone(),
+        );
+        registry.register("messages_in", "Messages published, by source", messages_in);
+        registry.register("bytes_in", "Payload bytes published, by source", bytes_in);
+        registry.register(
+            "deliveries",
+            "Messages handed to subscriber connections",
+            m.deliveries.clone(),
+        );
+        registry.register(
+            "frames_out",
+            "WebSocket frames written to clients",
+            m.frames_out.clone(),
+        );
+        registry.register(
+            "bytes_out",
+            "Bytes written to WebSocket clients",
+            m.bytes_out.clone(),
+        );
+        registry.register(
+            "disconnects",
+            "Connections ended, by reason",
+            m.disconnects.clone(),
+        );
+        registry.register(
+            "dropped_messages",
+            "Messages a slow-consumer policy dropped, by reason",
+            m.dropped_messages.clone(),
+        );
+        registry.register(
+            "request_errors",
+            "Requests refused, by error code",
+            m.request_errors.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    pub fn disconnected(&self, why: Disconnect) {
+        self.connections.dec();
+        self.disconnects
+            .get_or_create(&Reason {
+                reason: why.label(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

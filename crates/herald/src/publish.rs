@@ -1,0 +1,118 @@
+//! `herald pub`: publish a message, a file, or a paced series.
+
+use crate::client::{self, Incoming};
+use anyhow::{bail, Context};
+use clap::Args;
+use futures_util::SinkExt;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::Message;
+
+#[derive(Args)]
+pub struct PubArgs {
+    /// The topic to publish to (no wildcards), e.g. quotes/fx/EURUSD
+    topic: String,
+    /// The message (text); or use --file
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    message: Option<String>,
+    /// Publish this file's bytes (binary-safe)
+    #[arg(long, short)]
+    file: Option<PathBuf>,
+    /// Content type to attach, e.g. image/fits
+    #[arg(long)]
+    ct: Option<String>,
+    /// How many times to publish
+    #[arg(long, short = 'n', default_value_t = 1)]
+    count: u64,
+    /// Messages per second when --count > 1 (0: as fast as possible)
+    #[arg(long, short, default_value_t = 0.0)]
+    rate: f64,
+    /// Ask herald to stamp each message with its receive time
+    #[arg(long)]
+    stamp: bool,
+    /// herald's WebSocket URL
+    #[arg(long, env = "HERALD_URL", default_value = "ws://127.0.0.1:8080/ws")]
+    url: String,
+}
+
+pub async fn run(args: PubArgs) -> anyhow::Result<()> {
+    if args.rate < 0.0 || !args.rate.is_finite() {
+        bail!(
+            "--rate must be a non-negative number of messages per second, not {}",
+            args.rate
+        );
+    }
+    let file = match &args.file {
+        Some(path) => {
+            Some(std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?)
+        }
+        None => None,
+    };
+    let mut socket = client::connect(&args.url).await?;
+    let start = Instant::now();
+    let period = (args.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.rate));
+    for i in 0..args.count {
+        if let Some(period) = period {
+            // A schedule, not a sleep per message: delays do not accumulate.
+            tokio::time::sleep_until((start + period.mul_f64(i as f64)).into()).await;
+        }
+        let mut head = json!({"op": "pub", "id": i, "topic": args.topic, "stamp": args.stamp});
+        if let Some(ct) = &args.ct {
+            head["ct"] = ct.clone().into();
+        }
+        let frame = match (&file, &args.message) {
+            (Some(bytes), _) => Message::binary(binary_frame(&head.to_string(), bytes)),
+            (None, Some(text)) => {
+                head["data"] = text.clone().into();
+                Message::text(head.to_string())
+            }
+            (None, None) => unreachable!("clap requires a message or --file"),
+        };
+        socket
+            .send(frame)
+            .await
+            .context("connection lost while publishing")?;
+        // Surface a refusal as soon as it arrives rather than after the whole series.
+        while let Some(Ok(reply)) = futures_util::FutureExt::now_or_never(client::next(&mut socket))
+        {
+            if let Incoming::Control(reply) = reply {
+                client::check(&reply)?;
+            }
+        }
+    }
+    wait_for_acks(&mut socket, args.count).await
+}
+
+/// Waits until the server acknowledged every publish (ids 0..count), failing on its first error.
+async fn wait_for_acks(socket: &mut client::Socket, count: u64) -> anyhow::Result<()> {
+    let deadline = tokio::time::sleep(Duration::from_secs(30));
+    tokio::pin!(deadline);
+    let mut last_acked = None;
+    while last_acked != Some(count - 1) {
+        let next = tokio::select! {
+            next = client::next(socket) => next?,
+            _ = &mut deadline => bail!("no acknowledgement from the server within 30 s"),
+        };
+        match next {
+            Incoming::Control(reply) => {
+                client::check(&reply)?;
+                if reply["op"] == "ack" {
+                    last_acked = reply["id"].as_u64();
+                }
+            }
+            Incoming::Message { .. } => {}
+            Incoming::Closed(why) => bail!("the server closed the connection ({why})"),
+        }
+    }
+    Ok(())
+}
+
+/// The binary publish frame: header length (u32, big-endian), JSON header, payload.
+fn binary_frame(head: &str, payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(4 + head.len() + payload.len());
+    frame.extend_from_slice(&(head.len() as u32).to_be_bytes());
+    frame.extend_from_slice(head.as_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}

@@ -1,0 +1,77 @@
+//! `herald serve`.
+
+use clap::{Args, ValueEnum};
+use herald_server::{Config, Server};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (see docs/configuration.md)
+    #[arg(long, short, env = "HERALD_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: Overrides,
+    /// Log format
+    #[arg(long, value_enum, default_value = "text", env = "HERALD_LOG_FORMAT")]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `herald_server=debug`
+    #[arg(long, default_value = "info", env = "HERALD_LOG")]
+    log: String,
+}
+
+/// Flags that override the config file and environment; only those given are applied.
+#[derive(Args, Serialize)]
+struct Overrides {
+    /// Address to listen on [default: 127.0.0.1:8080]
+    #[arg(long, short)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<SocketAddr>,
+    /// Largest message payload accepted, in bytes [default: 67108864]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_message_bytes: Option<usize>,
+    /// Bytes queued for one connection before it is cut off as a slow consumer [default: 16777216]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_outbound_bytes: Option<usize>,
+    /// WebSocket connections accepted at once [default: 10000]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections: Option<usize>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)?;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+    let config = Config::load(args.config.as_deref(), &args.overrides)?;
+    herald_server::raise_open_file_limit();
+    let server = Server::bind(config).await?;
+    server.run(shutdown_signal()).await
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("cannot install the SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
