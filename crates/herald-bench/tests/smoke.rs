@@ -27,6 +27,15 @@ fn scenario(name: &str) -> PathBuf {
         .join(format!("{name}.toml"))
 }
 
+/// The executable that runs `bench` (default: HERALD_BIN itself). HERALD_BENCH_BIN lets the
+/// bench be checked against a real server before the CLI wires `herald bench`, e.g. with
+/// HERALD_BENCH_BIN=target/release/examples/mock_herald.
+fn bench_bin() -> PathBuf {
+    std::env::var_os("HERALD_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(herald_bin)
+}
+
 /// One scenario at a time: each pins a server and a bench to the two cores.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -38,7 +47,7 @@ fn run(name: &str, extra: &[&str]) -> Value {
     let json = dir.path().join("report.json");
     let svg = dir.path().join("plot.svg");
     let t0 = Instant::now();
-    let out = Command::new(&bin)
+    let out = Command::new(bench_bin())
         .arg("bench")
         .arg(scenario(name))
         .arg("--spawn-bin")
