@@ -243,6 +243,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         progress: Progress::new(args.quiet),
         stop: stop.clone(),
         bench_cores: sys::allowed_cores(),
+        server_pid: server.as_ref().map(|s| s.pid()),
     };
     if !args.quiet {
         eprintln!(

@@ -52,6 +52,9 @@ pub struct StepResult {
     pub bench_cpu_cores: f64,
     /// Cores the bench may run on.
     pub bench_cores: usize,
+    /// CPU the spawned herald used in the window, in cores (only with --spawn).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_cores: Option<f64>,
     /// Publish → herald (herald's `ts` − send), µs, when stamping.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pub_to_server_us: Option<Summary>,
@@ -206,6 +209,12 @@ fn flags(s: &StepResult) -> String {
     f.join("; ")
 }
 
+fn server_cpu(s: &StepResult) -> String {
+    s.server_cpu_cores
+        .map(|c| format!("{:.0}%", c * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
 fn lat_cells(l: &Summary) -> String {
     format!(
         "{} | {} | {} | {} | {} | {}",
@@ -286,9 +295,9 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
         }
         let _ = writeln!(
             o,
-            " Avg (µs) | Median (µs) | 99th (µs) | 99.9th (µs) | Std Dev (µs) | Max (µs) | lost | dup | ooo | discard | bench CPU | notes |"
+            " Avg (µs) | Median (µs) | 99th (µs) | 99.9th (µs) | Std Dev (µs) | Max (µs) | lost | dup | ooo | discard | bench CPU | herald CPU | notes |"
         );
-        let cols = 15 + big as usize;
+        let cols = 16 + big as usize;
         let _ = writeln!(o, "|{}", "---:|".repeat(cols - 1) + "---|");
         for s in &steps {
             let first = if filtering {
@@ -317,13 +326,14 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
             }
             let _ = writeln!(
                 o,
-                " {} | {} | {} | {} | {} | {:.0}% | {} |",
+                " {} | {} | {} | {} | {} | {:.0}% | {} | {} |",
                 lat_cells(&s.latency_us),
                 s.lost,
                 s.duplicates,
                 s.out_of_order,
                 s.discard_notices,
                 s.bench_cpu_cores * 100.0,
+                server_cpu(s),
                 flags(s)
             );
         }
@@ -419,7 +429,7 @@ fn stock_table(o: &mut String, r: &RunReport) {
         let traders = s.extra.get("traders").and_then(|v| v.as_u64()).unwrap_or(0);
         let _ = writeln!(
             o,
-            "| {} | {traders} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} |",
+            "| {} | {traders} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} |",
             fmt_int(s.clients as f64),
             fmt_int(s.publish_expected),
             fmt_int(s.publish_rate),
@@ -433,6 +443,7 @@ fn stock_table(o: &mut String, r: &RunReport) {
             fmt_us(s.latency_us.p99),
             s.lost,
             s.bench_cpu_cores * 100.0,
+            server_cpu(s),
             flags(s)
         );
     }

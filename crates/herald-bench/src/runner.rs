@@ -27,6 +27,8 @@ pub struct Ctx {
     /// Set on Ctrl-C.
     pub stop: Arc<AtomicBool>,
     pub bench_cores: usize,
+    /// The spawned server, whose CPU use is reported too.
+    pub server_pid: Option<u32>,
 }
 
 impl Ctx {
@@ -413,7 +415,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         )
     })?;
     let _ = collect_all(&groups)?; // resets worker CPU baselines
-    let cpu = CpuMeter::start();
+    let cpu = CpuMeter::start_with(ctx.server_pid);
     let (s0, d0) = (sent(&pubs), sent(&discard));
     ctx.wait_until(win_end, &groups, &|pr, rate| {
         format!(
@@ -425,6 +427,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         )
     })?;
     let (my_cpu, wall) = cpu.read();
+    let server_cores = cpu.server_cores();
     let (s1, d1) = (sent(&pubs), sent(&discard));
     let mut snap = collect_all(&groups)?;
     let worker_cpu = snap.cpu_s;
@@ -437,6 +440,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let failed = group::progress(&groups).failed;
     snap.merge(shutdown_all(groups)?);
     let mut r = base_result(ctx, p, &snap, wall, my_cpu + worker_cpu);
+    r.server_cpu_cores = server_cores;
     r.publish_rate = (s1 - s0) as f64 / wall;
     r.publish_expected = p.rate;
     r.egress_expected = p.rate * spread_fanout(p);
@@ -492,7 +496,7 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let mut sent_total = 0u64;
     let mut send_time = 0.0;
     let mut errors = vec![];
-    let cpu = CpuMeter::start();
+    let cpu = CpuMeter::start_with(ctx.server_pid);
     let t_all = Instant::now();
     let expected_per_trial = messages * p.clients;
     for trial in 0..trials {
@@ -568,6 +572,7 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let elapsed = t_all.elapsed().as_secs_f64();
     // Window for rates = time spent sending (the trials), CPU over the whole step.
     let mut r = base_result(ctx, &p, &all, send_time.max(1e-9), 0.0);
+    r.server_cpu_cores = cpu.server_cores();
     r.bench_cpu_cores = my_cpu / elapsed.max(1e-9);
     r.bench_cpu_saturated = r.bench_cpu_cores > 0.9 * ctx.bench_cores as f64;
     r.publish_rate = sent_total as f64 / send_time.max(1e-9);
@@ -654,7 +659,7 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
         std::thread::sleep(Duration::from_secs_f64(p.warmup));
         ctx.check_stop()?;
         let _ = collect_all(&groups)?;
-        let cpu = CpuMeter::start();
+        let cpu = CpuMeter::start_with(ctx.server_pid);
         let mut total = Snapshot::empty();
         let t0 = Instant::now();
         let mut last = (Instant::now(), group::progress(&groups).orders);
@@ -691,6 +696,7 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
         let failed = group::progress(&groups).failed;
         // Integrity so far: counts are cumulative, the latest snapshot holds them.
         let mut r = base_result(ctx, p, &total, wall, my_cpu + worker_cpu);
+        r.server_cpu_cores = cpu.server_cores();
         r.clients = have;
         r.subs_per_client = 1;
         let offered = traders as f64 * 1e6 / trader.interval_us as f64;
@@ -768,7 +774,7 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         },
         go.clone(),
     )?;
-    let cpu = CpuMeter::start();
+    let cpu = CpuMeter::start_with(ctx.server_pid);
     go.store(true, Relaxed);
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(p.duration);
@@ -799,6 +805,7 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let closed = group::progress(&groups).closed;
     let snap = shutdown_all(groups)?;
     let mut r = base_result(ctx, &p, &snap, elapsed, my_cpu);
+    r.server_cpu_cores = cpu.server_cores();
     let full = delivered / p.clients.max(1);
     r.publish_rate = sent_images as f64 / elapsed;
     r.publish_expected = r.publish_rate;

@@ -111,24 +111,50 @@ pub fn raise_nofile() -> u64 {
     }
 }
 
-/// Measures this process's CPU use over an interval.
+/// CPU seconds (user + system) used so far by another process, from /proc/PID/stat.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces):
+    // state is field 3, utime 14 and stime 15 — indexes 11 and 12 here.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// Measures this process's CPU use over an interval (and a spawned server's, when given).
 #[derive(Debug, Clone, Copy)]
 pub struct CpuMeter {
     cpu0: f64,
     t0: std::time::Instant,
+    server: Option<(u32, f64)>,
 }
 
 impl CpuMeter {
     pub fn start() -> CpuMeter {
+        CpuMeter::start_with(None)
+    }
+
+    pub fn start_with(server_pid: Option<u32>) -> CpuMeter {
         CpuMeter {
             cpu0: cpu_seconds(),
             t0: std::time::Instant::now(),
+            server: server_pid.and_then(|p| Some((p, process_cpu_seconds(p)?))),
         }
     }
 
     /// (CPU seconds used since start, wall seconds since start).
     pub fn read(&self) -> (f64, f64) {
         (cpu_seconds() - self.cpu0, self.t0.elapsed().as_secs_f64())
+    }
+
+    /// The server's CPU use since start, in cores (1.0 = one core busy).
+    pub fn server_cores(&self) -> Option<f64> {
+        let (pid, c0) = self.server?;
+        let wall = self.t0.elapsed().as_secs_f64();
+        Some((process_cpu_seconds(pid)? - c0) / wall.max(1e-9))
     }
 }
 
@@ -148,5 +174,12 @@ mod tests {
         let (cpu, wall) = m.read();
         assert!(cpu > 0.02 && wall >= 0.05, "cpu {cpu} wall {wall}");
         assert!(allowed_cores() >= 1 && machine_cores() >= 1);
+        let me = CpuMeter::start_with(Some(std::process::id()));
+        let t = std::time::Instant::now();
+        while t.elapsed().as_millis() < 50 {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(me.server_cores().unwrap() > 0.0);
     }
 }
