@@ -687,18 +687,28 @@ pub fn svg(r: &RunReport) -> String {
         }
         legend_y += 6.0;
     }
+    // Steps where the bench was saturated: a red mark on the top axis, explained once.
     let sat: Vec<f64> = r
         .steps
         .iter()
         .filter(|s| s.bench_cpu_saturated)
         .map(|s| x_of(s).1)
         .collect();
-    for x in sat {
+    for x in &sat {
         let _ = writeln!(
             o,
-            r##"<text x="{:.1}" y="{}" text-anchor="middle" fill="#d62728">bench saturated</text>"##,
-            sx(x),
-            mt - 6.0
+            r##"<path d="M{:.1},{mt} l-5,-9 h10 z" fill="#d62728"/>"##,
+            sx(*x)
+        );
+    }
+    if !sat.is_empty() {
+        let (lx, ly) = (ml + pw + 12.0, legend_y + 4.0);
+        let _ = writeln!(
+            o,
+            r##"<path d="M{:.1},{:.1} l-5,-9 h10 z" fill="#d62728"/><text x="{:.1}" y="{ly:.1}" fill="#d62728">bench saturated</text>"##,
+            lx + 12.0,
+            ly + 4.0,
+            lx + 30.0
         );
     }
     let _ = writeln!(o, "</svg>");
