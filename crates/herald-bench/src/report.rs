@@ -419,11 +419,11 @@ fn proxy_tables(o: &mut String, r: &RunReport) {
 fn stock_table(o: &mut String, r: &RunReport) {
     let _ = writeln!(
         o,
-        "| clients | traders | tx/s (orders offered) | tx/s achieved | deliveries/s expected | deliveries/s achieved | mean herald → client (µs) | mean end to end (µs) | p99 end to end (µs) | lost | bench CPU | notes |"
+        "| clients | traders | tx/s (orders offered) | tx/s achieved | deliveries/s expected | deliveries/s achieved | mean herald → client (µs) | mean end to end (µs) | p99 end to end (µs) | lost | bench CPU | herald CPU | notes |"
     );
     let _ = writeln!(
         o,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for s in &r.steps {
         let traders = s.extra.get("traders").and_then(|v| v.as_u64()).unwrap_or(0);
