@@ -620,12 +620,14 @@ pub fn svg(r: &RunReport) -> String {
     let mut xs: Vec<f64> = r.steps.iter().map(|s| x_of(s).1).collect();
     xs.sort_by(|a, b| a.total_cmp(b));
     xs.dedup();
-    let every = (xs.len() / 10).max(1);
-    for (i, x) in xs.iter().enumerate() {
-        if i % every != 0 {
+    // Label a tick only when it is far enough from the previous label to be read.
+    let mut last_label = f64::NEG_INFINITY;
+    for x in &xs {
+        let px = sx(*x);
+        if px - last_label < 40.0 {
             continue;
         }
-        let px = sx(*x);
+        last_label = px;
         let _ = writeln!(
             o,
             r##"<line x1="{px:.1}" x2="{px:.1}" y1="{mt}" y2="{}" stroke="#eee"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
