@@ -1,0 +1,789 @@
+//! Subscriber connections: a pool of WebSocket clients on one event-loop thread.
+//!
+//! A [`Pool`] owns a thread running a current-thread tokio runtime; every client is a local task
+//! (no locks, no cross-thread wake-ups). The orchestrator talks to it through commands: add
+//! clients `from..to` (connected at a bounded rate), collect a snapshot, shut down. Live counters
+//! (connected, received, …) are atomics in [`Shared`] for the progress line, and the measuring
+//! window is two wall-clock instants there: a delivery counts towards latency and egress when it
+//! is received inside the window. Integrity is counted over the whole run.
+//!
+//! Per delivery the client: reads the frame ([`crate::wire`]), finds the topic's slot in its
+//! block by subtraction ([`crate::schedule::Assignment`]), updates the (subscriber, topic)
+//! [`TopicTrack`], and records receive − send (and the two legs when herald stamped it).
+//!
+//! Stock-exchange clients can also trade: every `trader.every`-th client publishes an order on
+//! its share every `trader.interval_us`.
+
+use std::cell::RefCell;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::integrity::{Counts, TopicTrack};
+use crate::schedule::{Assignment, Schedule};
+use crate::stats;
+use crate::wire::{self, Incoming};
+
+/// What every client of a pool does. Serialisable: worker processes receive it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientSpec {
+    pub url: String,
+    pub topics: u64,
+    pub subs_per_client: u64,
+    pub topic_prefix: String,
+    pub topic_names: Vec<String>,
+    pub connect_rate: f64,
+    pub max_message: usize,
+    /// Socket read buffer per connection. tungstenite zeroes it on every read, so a small one
+    /// (a few KiB for small messages) saves most of the receive cost.
+    pub read_buffer: usize,
+    /// Bind each client to a source address in 127.1.0.0/16, 20,000 clients per address, so
+    /// more connections than the ephemeral port range can be opened to one server.
+    pub bind_sources: bool,
+    /// Keep every (trader) latency sample, not only the histogram (proxy scenario).
+    pub record_raw: bool,
+    pub trader: Option<TraderSpec>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraderSpec {
+    /// Client `c` trades when `(c / block) % every == 0`: one block of `block` consecutive
+    /// clients in every `every` blocks, so with `block` = the number of shares the traders are
+    /// spread evenly over the shares.
+    pub every: u64,
+    pub block: u64,
+    pub interval_us: u64,
+    pub payload: usize,
+    pub stamp: bool,
+}
+
+impl TraderSpec {
+    pub fn is_trader(&self, id: u64) -> bool {
+        self.every > 0 && (id / self.block.max(1)).is_multiple_of(self.every)
+    }
+}
+
+impl ClientSpec {
+    pub fn assignment(&self) -> Assignment {
+        Assignment::new(self.topic_count(), self.subs_per_client)
+    }
+
+    pub fn topic_count(&self) -> u64 {
+        if self.topic_names.is_empty() {
+            self.topics.max(1)
+        } else {
+            self.topic_names.len() as u64
+        }
+    }
+
+    pub fn topic(&self, n: u64) -> String {
+        match self.topic_names.get(n as usize) {
+            Some(name) => format!("{}/{}", self.topic_prefix, name),
+            None => format!("{}/{}", self.topic_prefix, n),
+        }
+    }
+
+    fn topic_index(&self, topic: &[u8]) -> Option<u64> {
+        if self.topic_names.is_empty() {
+            wire::topic_number(topic)
+        } else {
+            let i = memchr::memrchr(b'/', topic).map(|i| i + 1).unwrap_or(0);
+            self.topic_names
+                .iter()
+                .position(|n| n.as_bytes() == &topic[i..])
+                .map(|p| p as u64)
+        }
+    }
+}
+
+/// Live counters shared with the orchestrator (and mirrored from worker processes).
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub win_start_us: AtomicU64,
+    pub win_end_us: AtomicU64,
+    pub received: AtomicU64,
+    pub connected: AtomicU64,
+    /// Clients whose every subscription was confirmed.
+    pub ready: AtomicU64,
+    pub failed: AtomicU64,
+    /// Connections that closed before the end.
+    pub closed: AtomicU64,
+    pub orders: AtomicU64,
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        let s = Shared::default();
+        s.win_end_us.store(u64::MAX, Relaxed);
+        s.win_start_us.store(u64::MAX, Relaxed);
+        Arc::new(s)
+    }
+
+    pub fn progress(&self) -> Progress {
+        Progress {
+            received: self.received.load(Relaxed),
+            connected: self.connected.load(Relaxed),
+            ready: self.ready.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+            closed: self.closed.load(Relaxed),
+            orders: self.orders.load(Relaxed),
+        }
+    }
+
+    pub fn set_progress(&self, p: &Progress) {
+        self.received.store(p.received, Relaxed);
+        self.connected.store(p.connected, Relaxed);
+        self.ready.store(p.ready, Relaxed);
+        self.failed.store(p.failed, Relaxed);
+        self.closed.store(p.closed, Relaxed);
+        self.orders.store(p.orders, Relaxed);
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Progress {
+    pub received: u64,
+    pub connected: u64,
+    pub ready: u64,
+    pub failed: u64,
+    pub closed: u64,
+    pub orders: u64,
+}
+
+impl Progress {
+    pub fn add(&mut self, o: &Progress) {
+        self.received += o.received;
+        self.connected += o.connected;
+        self.ready += o.ready;
+        self.failed += o.failed;
+        self.closed += o.closed;
+        self.orders += o.orders;
+    }
+}
+
+/// One raw latency sample: (send µs, herald ts µs or 0, receive µs).
+pub type RawSample = (u64, u64, u64);
+
+/// What a pool measured since the previous collect (histograms, window counts) and in total
+/// (integrity, which also holds the loss counted so far).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub counts: Counts,
+    pub window_received: u64,
+    pub window_bytes: u64,
+    pub window_orders: u64,
+    pub latency: Histogram<u64>,
+    pub pub_to_server: Histogram<u64>,
+    pub server_to_sub: Histogram<u64>,
+    pub raw: Vec<RawSample>,
+    pub errors: Vec<String>,
+    /// CPU seconds of the process the pool ran in since its previous collect (workers only).
+    pub cpu_s: f64,
+}
+
+impl Snapshot {
+    pub fn empty() -> Snapshot {
+        Snapshot {
+            counts: Counts::default(),
+            window_received: 0,
+            window_bytes: 0,
+            window_orders: 0,
+            latency: stats::new_histogram(),
+            pub_to_server: stats::new_histogram(),
+            server_to_sub: stats::new_histogram(),
+            raw: vec![],
+            errors: vec![],
+            cpu_s: 0.0,
+        }
+    }
+
+    pub fn merge(&mut self, o: Snapshot) {
+        self.counts.add(&o.counts);
+        self.window_received += o.window_received;
+        self.window_bytes += o.window_bytes;
+        self.window_orders += o.window_orders;
+        let _ = self.latency.add(&o.latency);
+        let _ = self.pub_to_server.add(&o.pub_to_server);
+        let _ = self.server_to_sub.add(&o.server_to_sub);
+        self.raw.extend(o.raw);
+        for e in o.errors {
+            push_error(&mut self.errors, e);
+        }
+        self.cpu_s += o.cpu_s;
+    }
+
+    pub fn to_wire(&self) -> SnapshotWire {
+        SnapshotWire {
+            counts: self.counts,
+            window_received: self.window_received,
+            window_bytes: self.window_bytes,
+            window_orders: self.window_orders,
+            latency: stats::encode_histogram(&self.latency),
+            pub_to_server: stats::encode_histogram(&self.pub_to_server),
+            server_to_sub: stats::encode_histogram(&self.server_to_sub),
+            raw: self.raw.clone(),
+            errors: self.errors.clone(),
+            cpu_s: self.cpu_s,
+        }
+    }
+}
+
+/// [`Snapshot`] as worker processes send it (histograms base64-encoded).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotWire {
+    pub counts: Counts,
+    pub window_received: u64,
+    pub window_bytes: u64,
+    pub window_orders: u64,
+    pub latency: String,
+    pub pub_to_server: String,
+    pub server_to_sub: String,
+    pub raw: Vec<RawSample>,
+    pub errors: Vec<String>,
+    pub cpu_s: f64,
+}
+
+impl SnapshotWire {
+    pub fn into_snapshot(self) -> Result<Snapshot> {
+        Ok(Snapshot {
+            counts: self.counts,
+            window_received: self.window_received,
+            window_bytes: self.window_bytes,
+            window_orders: self.window_orders,
+            latency: stats::decode_histogram(&self.latency)?,
+            pub_to_server: stats::decode_histogram(&self.pub_to_server)?,
+            server_to_sub: stats::decode_histogram(&self.server_to_sub)?,
+            raw: self.raw,
+            errors: self.errors,
+            cpu_s: self.cpu_s,
+        })
+    }
+}
+
+/// Keeps the first few distinct errors (and counts the rest in the last entry).
+pub fn push_error(list: &mut Vec<String>, e: String) {
+    const MAX: usize = 10;
+    if list.len() < MAX {
+        if !list.contains(&e) {
+            list.push(e);
+        }
+    } else if list.len() == MAX {
+        list.push("… more errors not shown".into());
+    }
+}
+
+enum Cmd {
+    Add(u64, u64),
+    Collect(std::sync::mpsc::Sender<Snapshot>),
+    Shutdown(std::sync::mpsc::Sender<Snapshot>),
+}
+
+/// A pool of subscriber clients on its own thread.
+pub struct Pool {
+    tx: tokio::sync::mpsc::UnboundedSender<Cmd>,
+    pub shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pool {
+    pub fn start(spec: ClientSpec, shared: Arc<Shared>) -> Result<Pool> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("bench-subscribers".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("tokio runtime");
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, pool_main(spec, sh, rx));
+            })
+            .context("cannot start the subscriber thread")?;
+        Ok(Pool {
+            tx,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn add(&self, from: u64, to: u64) {
+        let _ = self.tx.send(Cmd::Add(from, to));
+    }
+
+    pub fn collect(&self) -> Result<Snapshot> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx
+            .send(Cmd::Collect(tx))
+            .ok()
+            .context("subscriber thread ended")?;
+        rx.recv_timeout(Duration::from_secs(60))
+            .context("subscriber thread did not answer")
+    }
+
+    /// Collects a last snapshot (with final loss accounting) and closes every connection.
+    pub fn shutdown(mut self) -> Result<Snapshot> {
+        self.shared.stop.store(true, Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx
+            .send(Cmd::Shutdown(tx))
+            .ok()
+            .context("subscriber thread ended")?;
+        let snap = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("subscriber thread did not answer")?;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        Ok(snap)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let (tx, _rx) = std::sync::mpsc::channel();
+            let _ = self.tx.send(Cmd::Shutdown(tx));
+            let _ = t.join();
+        }
+    }
+}
+
+/// State of the pool's thread shared by its client tasks.
+struct Local {
+    spec: ClientSpec,
+    assignment: Assignment,
+    shared: Arc<Shared>,
+    counts: Counts,
+    tracks: Vec<Rc<RefCell<Vec<TopicTrack>>>>,
+    window_received: u64,
+    window_bytes: u64,
+    window_orders: u64,
+    latency: Histogram<u64>,
+    pub_to_server: Histogram<u64>,
+    server_to_sub: Histogram<u64>,
+    raw: Vec<RawSample>,
+    errors: Vec<String>,
+    stop: Rc<tokio::sync::Notify>,
+}
+
+impl Local {
+    fn snapshot(&mut self) -> Snapshot {
+        let mut counts = self.counts;
+        for t in &self.tracks {
+            for track in t.borrow().iter() {
+                track.finish(&mut counts);
+            }
+        }
+        Snapshot {
+            counts,
+            window_received: std::mem::take(&mut self.window_received),
+            window_bytes: std::mem::take(&mut self.window_bytes),
+            window_orders: std::mem::take(&mut self.window_orders),
+            latency: std::mem::replace(&mut self.latency, stats::new_histogram()),
+            pub_to_server: std::mem::replace(&mut self.pub_to_server, stats::new_histogram()),
+            server_to_sub: std::mem::replace(&mut self.server_to_sub, stats::new_histogram()),
+            raw: std::mem::take(&mut self.raw),
+            errors: std::mem::take(&mut self.errors),
+            cpu_s: 0.0,
+        }
+    }
+}
+
+async fn pool_main(
+    spec: ClientSpec,
+    shared: Arc<Shared>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
+) {
+    let local = Rc::new(RefCell::new(Local {
+        assignment: spec.assignment(),
+        spec,
+        shared: shared.clone(),
+        counts: Counts::default(),
+        tracks: vec![],
+        window_received: 0,
+        window_bytes: 0,
+        window_orders: 0,
+        latency: stats::new_histogram(),
+        pub_to_server: stats::new_histogram(),
+        server_to_sub: stats::new_histogram(),
+        raw: vec![],
+        errors: vec![],
+        stop: Rc::new(tokio::sync::Notify::new()),
+    }));
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            Cmd::Add(from, to) => {
+                let l = local.clone();
+                tokio::task::spawn_local(connect_range(l, from, to));
+            }
+            Cmd::Collect(reply) => {
+                let _ = reply.send(local.borrow_mut().snapshot());
+            }
+            Cmd::Shutdown(reply) => {
+                shared.stop.store(true, Relaxed);
+                let snap = local.borrow_mut().snapshot();
+                let stop = local.borrow().stop.clone();
+                stop.notify_waiters();
+                // Returning drops the LocalSet and with it every client task, which closes
+                // the sockets (no close handshake: thousands of them would only add noise).
+                let _ = reply.send(snap);
+                return;
+            }
+        }
+    }
+}
+
+async fn connect_range(local: Rc<RefCell<Local>>, from: u64, to: u64) {
+    let rate = local.borrow().spec.connect_rate;
+    let sched = Schedule::new(rate, Some(to.saturating_sub(from)));
+    let start = tokio::time::Instant::now();
+    let stop = local.borrow().stop.clone();
+    for (i, c) in (from..to).enumerate() {
+        let at = start + sched.due_at(i as u64);
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => {}
+            _ = stop.notified() => return,
+        }
+        if local.borrow().shared.stop.load(Relaxed) {
+            return;
+        }
+        tokio::task::spawn_local(client(local.clone(), c));
+    }
+}
+
+fn source_addr(client: u64) -> Ipv4Addr {
+    let idx = client / 20_000;
+    Ipv4Addr::new(127, 1, (idx / 250) as u8, (idx % 250) as u8 + 1)
+}
+
+async fn open(
+    spec: &ClientSpec,
+    id: u64,
+) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>> {
+    let url: tokio_tungstenite::tungstenite::http::Uri = spec.url.parse().context("bad --url")?;
+    let host = url.host().context("--url has no host")?;
+    let port = url.port_u16().unwrap_or(80);
+    let addr: SocketAddr = tokio::net::lookup_host((host, port))
+        .await?
+        .next()
+        .context("cannot resolve the server address")?;
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if spec.bind_sources && addr.ip().is_loopback() && addr.is_ipv4() {
+        sock.bind(SocketAddr::new(source_addr(id).into(), 0))?;
+    }
+    let stream = sock.connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let cfg = WebSocketConfig::default()
+        .read_buffer_size(spec.read_buffer.max(1024))
+        .max_message_size(Some(spec.max_message))
+        .max_frame_size(Some(spec.max_message));
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(spec.url.as_str(), stream, Some(cfg)).await?;
+    Ok(ws)
+}
+
+async fn client(local: Rc<RefCell<Local>>, id: u64) {
+    let (spec, shared, assignment, stop) = {
+        let l = local.borrow();
+        (
+            l.spec.clone(),
+            l.shared.clone(),
+            l.assignment,
+            l.stop.clone(),
+        )
+    };
+    let ws = tokio::select! {
+        r = open(&spec, id) => r,
+        _ = stop.notified() => return,
+    };
+    let mut ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            shared.failed.fetch_add(1, Relaxed);
+            push_error(&mut local.borrow_mut().errors, format!("connect: {e:#}"));
+            return;
+        }
+    };
+    shared.connected.fetch_add(1, Relaxed);
+    let topics: Vec<u64> = assignment.topics_of(id).collect();
+    for &t in &topics {
+        if ws
+            .feed(Message::text(wire::sub_frame(&spec.topic(t))))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    if ws.flush().await.is_err() {
+        shared.closed.fetch_add(1, Relaxed);
+        return;
+    }
+    let tracks = Rc::new(RefCell::new(vec![TopicTrack::default(); topics.len()]));
+    local.borrow_mut().tracks.push(tracks.clone());
+    let rx = Receiver {
+        local,
+        shared,
+        spec,
+        assignment,
+        id,
+        tracks,
+        pending_subs: topics.len(),
+    };
+    // A trader publishes on its own share from a separate local task holding the write half.
+    // Other clients keep the stream whole (no lock between halves on the hot path).
+    match rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
+        Some(t) => {
+            let (sink, stream) = ws.split();
+            let topic = rx.spec.topic(topics[0]);
+            tokio::task::spawn_local(trade(rx.local.clone(), sink, topic, t, stop));
+            rx.run(stream).await
+        }
+        None => rx.run(ws).await,
+    }
+}
+
+/// The receiving side of one subscriber connection. The loop ends when the connection does;
+/// at shutdown the pool's runtime is dropped with it, which closes the socket.
+struct Receiver {
+    local: Rc<RefCell<Local>>,
+    shared: Arc<Shared>,
+    spec: ClientSpec,
+    assignment: Assignment,
+    id: u64,
+    tracks: Rc<RefCell<Vec<TopicTrack>>>,
+    pending_subs: usize,
+}
+
+impl Receiver {
+    async fn run<S>(mut self, mut stream: S)
+    where
+        S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
+            + Unpin,
+    {
+        let (shared, id) = (self.shared.clone(), self.id);
+        loop {
+            let msg = match stream.next().await {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    if !shared.stop.load(Relaxed) {
+                        shared.closed.fetch_add(1, Relaxed);
+                        push_error(
+                            &mut self.local.borrow_mut().errors,
+                            format!("connection {id}: {e}"),
+                        );
+                    }
+                    return;
+                }
+                None => {
+                    if !shared.stop.load(Relaxed) {
+                        shared.closed.fetch_add(1, Relaxed);
+                    }
+                    return;
+                }
+            };
+            let recv_us = wire::now_us();
+            let inc = match &msg {
+                Message::Text(t) => wire::parse_text(t.as_bytes()),
+                Message::Binary(b) => wire::parse_binary(b),
+                Message::Close(f) => {
+                    if !shared.stop.load(Relaxed) {
+                        shared.closed.fetch_add(1, Relaxed);
+                        let why = f
+                            .as_ref()
+                            .map(|f| format!("{} {}", u16::from(f.code), f.reason));
+                        push_error(
+                            &mut self.local.borrow_mut().errors,
+                            format!("server closed a connection: {}", why.unwrap_or_default()),
+                        );
+                    }
+                    return;
+                }
+                _ => continue,
+            };
+            self.handle(inc, recv_us);
+        }
+    }
+
+    fn handle(&mut self, inc: Incoming<'_>, recv_us: u64) {
+        let shared = &self.shared;
+        match inc {
+            Incoming::Msg(d) => {
+                shared.received.fetch_add(1, Relaxed);
+                let mut l = self.local.borrow_mut();
+                let slot = self
+                    .spec
+                    .topic_index(d.topic)
+                    .and_then(|n| self.assignment.slot(self.id, n));
+                if let Some(s) = slot {
+                    self.tracks.borrow_mut()[s].on_message(d.seq, &mut l.counts);
+                } else {
+                    l.counts.received += 1;
+                }
+                let ws = shared.win_start_us.load(Relaxed);
+                let we = shared.win_end_us.load(Relaxed);
+                if recv_us >= ws && recv_us < we {
+                    l.window_received += 1;
+                    l.window_bytes += d.len as u64;
+                    if let Some(send) = d.send_us {
+                        stats::record(&mut l.latency, recv_us as i64 - send as i64);
+                        if let Some(ts) = d.ts {
+                            stats::record(&mut l.pub_to_server, ts as i64 - send as i64);
+                            stats::record(&mut l.server_to_sub, recv_us as i64 - ts as i64);
+                        }
+                        if self.spec.record_raw {
+                            l.raw.push((send, d.ts.unwrap_or(0), recv_us));
+                        }
+                    }
+                }
+            }
+            Incoming::Dropped { topic, count } => {
+                let mut l = self.local.borrow_mut();
+                let slot = self
+                    .spec
+                    .topic_index(topic.as_bytes())
+                    .and_then(|n| self.assignment.slot(self.id, n));
+                match slot {
+                    Some(s) => self.tracks.borrow_mut()[s].on_dropped(count, &mut l.counts),
+                    None => {
+                        l.counts.discard_notices += 1;
+                        l.counts.discarded += count;
+                    }
+                }
+            }
+            Incoming::Subscribed => {
+                self.pending_subs = self.pending_subs.saturating_sub(1);
+                if self.pending_subs == 0 {
+                    shared.ready.fetch_add(1, Relaxed);
+                }
+            }
+            Incoming::Error(e) => push_error(
+                &mut self.local.borrow_mut().errors,
+                format!("server error: {e}"),
+            ),
+            Incoming::Other => {}
+        }
+    }
+}
+
+type Sink = futures_util::stream::SplitSink<
+    tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    Message,
+>;
+
+async fn trade(
+    local: Rc<RefCell<Local>>,
+    mut sink: Sink,
+    topic: String,
+    t: TraderSpec,
+    stop: Rc<tokio::sync::Notify>,
+) {
+    let shared = local.borrow().shared.clone();
+    // Start trading once the client is subscribed (a short fixed delay keeps it simple).
+    let sched = Schedule::new(1e6 / t.interval_us.max(1) as f64, None);
+    let start = tokio::time::Instant::now();
+    let mut sent = 0u64;
+    let mut buf = String::new();
+    loop {
+        let due = sched.due(start.elapsed());
+        if sent >= due {
+            let at = start + sched.due_at(sent);
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = stop.notified() => return,
+            }
+            continue;
+        }
+        if shared.stop.load(Relaxed) {
+            return;
+        }
+        let s = &mut sink;
+        // Never more than 16 catch-up orders at once: a trader that fell behind does not flood.
+        let n = (due - sent).min(16);
+        for _ in 0..n {
+            let now = wire::now_us();
+            wire::text_pub(&mut buf, &topic, now, sent, t.payload, t.stamp, "order");
+            if s.feed(Message::text(buf.clone())).await.is_err() {
+                return;
+            }
+            sent += 1;
+            shared.orders.fetch_add(1, Relaxed);
+            let (ws, we) = (
+                shared.win_start_us.load(Relaxed),
+                shared.win_end_us.load(Relaxed),
+            );
+            if now >= ws && now < we {
+                local.borrow_mut().window_orders += 1;
+            }
+        }
+        if s.flush().await.is_err() {
+            return;
+        }
+        if due - sent > 1000 {
+            sent = due; // hopelessly behind: skip rather than burst
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_addresses_change_every_20000_clients() {
+        assert_eq!(source_addr(0), Ipv4Addr::new(127, 1, 0, 1));
+        assert_eq!(source_addr(19_999), Ipv4Addr::new(127, 1, 0, 1));
+        assert_eq!(source_addr(20_000), Ipv4Addr::new(127, 1, 0, 2));
+    }
+
+    #[test]
+    fn spec_topic_lookup() {
+        let spec = ClientSpec {
+            url: String::new(),
+            topics: 5,
+            subs_per_client: 1,
+            topic_prefix: "shares".into(),
+            topic_names: vec!["NFLX".into(), "TSLA".into()],
+            connect_rate: 1.0,
+            max_message: 1,
+            read_buffer: 4096,
+            bind_sources: false,
+            record_raw: false,
+            trader: None,
+        };
+        assert_eq!(spec.topic_index(b"shares/TSLA"), Some(1));
+        assert_eq!(spec.topic(0), "shares/NFLX");
+        assert_eq!(spec.topic_count(), 2);
+    }
+
+    #[test]
+    fn snapshot_wire_roundtrip() {
+        let mut s = Snapshot::empty();
+        stats::record(&mut s.latency, 40);
+        s.counts.lost = 2;
+        let back = s.to_wire();
+        let json = serde_json::to_string(&back).unwrap();
+        let s2 = serde_json::from_str::<SnapshotWire>(&json)
+            .unwrap()
+            .into_snapshot()
+            .unwrap();
+        assert_eq!(s2.latency.len(), 1);
+        assert_eq!(s2.counts.lost, 2);
+    }
+}

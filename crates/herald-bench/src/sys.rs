@@ -1,0 +1,185 @@
+//! The few OS facts the bench needs: its own CPU time, CPU affinity and the open-file limit.
+
+/// CPU seconds (user + system) used so far by this process, all threads.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0.0;
+        }
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    }
+}
+
+/// Cores this process may run on (its affinity mask), at least 1.
+pub fn allowed_cores() -> usize {
+    // SAFETY: sched_getaffinity writes into the set we pass, of the size we give.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            let n = libc::CPU_COUNT(&set);
+            if n > 0 {
+                return n as usize;
+            }
+        }
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Online cores on the machine.
+pub fn machine_cores() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        1
+    }
+}
+
+/// Total memory in GiB (rounded), for the report.
+pub fn machine_mem_gib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kb| (kb as f64 / 1024.0 / 1024.0).round() as u64)
+        .unwrap_or(0)
+}
+
+fn cpu_set(core: usize) -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes one bit inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        set
+    }
+}
+
+/// Pins the calling thread (in a `pre_exec` hook: the child about to exec) to one core.
+pub fn pin_current_thread(core: usize) -> std::io::Result<()> {
+    let set = cpu_set(core);
+    // SAFETY: pid 0 is the calling thread; the set is valid for its size.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Pins every thread of this process to one core (threads started later inherit it from the
+/// thread that starts them).
+pub fn pin_process(core: usize) -> std::io::Result<()> {
+    let set = cpu_set(core);
+    for e in std::fs::read_dir("/proc/self/task")? {
+        let Some(tid) = e?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: as above, for a thread id of this process.
+        unsafe {
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    Ok(())
+}
+
+/// Raises the soft open-file limit to the hard one; returns the new soft limit.
+pub fn raise_nofile() -> u64 {
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+        r.rlim_cur
+    }
+}
+
+/// CPU seconds (user + system) used so far by another process, from /proc/PID/stat.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces):
+    // state is field 3, utime 14 and stime 15 — indexes 11 and 12 here.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// Measures this process's CPU use over an interval (and a spawned server's, when given).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMeter {
+    cpu0: f64,
+    t0: std::time::Instant,
+    server: Option<(u32, f64)>,
+}
+
+impl CpuMeter {
+    pub fn start() -> CpuMeter {
+        CpuMeter::start_with(None)
+    }
+
+    pub fn start_with(server_pid: Option<u32>) -> CpuMeter {
+        CpuMeter {
+            cpu0: cpu_seconds(),
+            t0: std::time::Instant::now(),
+            server: server_pid.and_then(|p| Some((p, process_cpu_seconds(p)?))),
+        }
+    }
+
+    /// (CPU seconds used since start, wall seconds since start).
+    pub fn read(&self) -> (f64, f64) {
+        (cpu_seconds() - self.cpu0, self.t0.elapsed().as_secs_f64())
+    }
+
+    /// The server's CPU use since start, in cores (1.0 = one core busy).
+    pub fn server_cores(&self) -> Option<f64> {
+        let (pid, c0) = self.server?;
+        let wall = self.t0.elapsed().as_secs_f64();
+        Some((process_cpu_seconds(pid)? - c0) / wall.max(1e-9))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_meter_sees_busy_work() {
+        let m = CpuMeter::start();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 50 {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let (cpu, wall) = m.read();
+        assert!(cpu > 0.02 && wall >= 0.05, "cpu {cpu} wall {wall}");
+        assert!(allowed_cores() >= 1 && machine_cores() >= 1);
+        let me = CpuMeter::start_with(Some(std::process::id()));
+        let t = std::time::Instant::now();
+        while t.elapsed().as_millis() < 50 {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(me.server_cores().unwrap() > 0.0);
+    }
+}

@@ -1,0 +1,223 @@
+//! CI smoke run: every shipped scenario at tiny scale (seconds) against a spawned herald, checking
+//! the JSON report's fields, not timings.
+//!
+//! Needs a built herald binary; ignored by default. Run it with:
+//!   HERALD_BIN=target/release/herald cargo test -p herald-bench --test smoke -- --ignored
+//! The binary is used twice: as the bench (`$HERALD_BIN bench …`) and as the spawned server
+//! (`--spawn-bin $HERALD_BIN`), so this also checks the CLI wiring of `herald bench`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::Value;
+
+fn herald_bin() -> PathBuf {
+    let p = std::env::var_os("HERALD_BIN").expect(
+        "HERALD_BIN must point to a built herald binary (HERALD_BIN=target/release/herald cargo test -p herald-bench --test smoke -- --ignored)",
+    );
+    let p = PathBuf::from(p);
+    assert!(p.exists(), "HERALD_BIN={} does not exist", p.display());
+    p
+}
+
+fn scenario(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench/scenarios")
+        .join(format!("{name}.toml"))
+}
+
+/// The executable that runs `bench` (default: HERALD_BIN itself). HERALD_BENCH_BIN lets the
+/// bench be checked against a real server before the CLI wires `herald bench`, e.g. with
+/// HERALD_BENCH_BIN=target/release/examples/mock_herald.
+fn bench_bin() -> PathBuf {
+    std::env::var_os("HERALD_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(herald_bin)
+}
+
+/// One scenario at a time: each pins a server and a bench to the two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs one scenario tiny and returns its JSON report.
+fn run(name: &str, extra: &[&str]) -> Value {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bin = herald_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let svg = dir.path().join("plot.svg");
+    let t0 = Instant::now();
+    let out = Command::new(bench_bin())
+        .arg("bench")
+        .arg(scenario(name))
+        .arg("--spawn-bin")
+        .arg(&bin)
+        .args([
+            "--duration",
+            "2",
+            "--set",
+            "warmup=0.5",
+            "--quiet",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .args(extra)
+        .output()
+        .expect("run herald bench");
+    assert!(
+        out.status.success(),
+        "herald bench {name} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        t0.elapsed().as_secs() < 120,
+        "{name} took {:?}",
+        t0.elapsed()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("| "),
+        "{name}: no Markdown table on stdout:\n{stdout}"
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+/// The fields scripts rely on (issue 3), on every step.
+fn check(name: &str, v: &Value) {
+    let steps = v["steps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{name}: no steps"));
+    assert_eq!(
+        steps.len(),
+        1,
+        "{name}: --duration collapses the sweep to one step"
+    );
+    for s in steps {
+        for k in [
+            "clients",
+            "egress_expected",
+            "egress_achieved",
+            "publish_rate",
+            "lost",
+            "duplicates",
+            "out_of_order",
+            "discard_notices",
+        ] {
+            assert!(
+                s[k].is_number(),
+                "{name}: step field {k} missing or not a number: {s}"
+            );
+        }
+        assert!(
+            s["bench_cpu_saturated"].is_boolean(),
+            "{name}: bench_cpu_saturated"
+        );
+        for k in ["min", "mean", "p50", "p99", "p999", "max", "stdev"] {
+            assert!(
+                s["latency_us"][k].is_number(),
+                "{name}: latency_us.{k} missing: {s}"
+            );
+        }
+        assert!(
+            s["egress_achieved"].as_f64().unwrap() > 0.0,
+            "{name}: nothing delivered: {s}"
+        );
+        assert!(
+            s["latency_us"]["count"].as_u64().unwrap() > 0,
+            "{name}: no latency sample"
+        );
+        // Integrity on an unloaded loopback: nothing lost, duplicated or reordered.
+        for k in ["lost", "duplicates", "out_of_order"] {
+            assert_eq!(s[k].as_u64(), Some(0), "{name}: {k} on a tiny run: {s}");
+        }
+    }
+    assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn solace_high() {
+    let v = run("solace-3.1.1-high", &["--clients", "20"]);
+    check("solace-3.1.1-high", &v);
+    let s = &v["steps"][0];
+    assert_eq!(s["clients"], 20);
+    // 20 clients × 100 subscriptions / 10,000 topics × 5,000 msg/s = 1,000 msg/s
+    assert_eq!(s["egress_expected"].as_f64(), Some(1000.0));
+    assert!(
+        s["pub_to_server_us"]["mean"].is_number(),
+        "stamped legs reported"
+    );
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn solace_very_high() {
+    check(
+        "solace-3.1.2-very-high",
+        &run("solace-3.1.2-very-high", &["--clients", "20"]),
+    );
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn solace_filtering() {
+    let v = run(
+        "solace-3.2-filtering",
+        &["--clients", "20", "--set", "discard_rate=20000"],
+    );
+    check("solace-3.2-filtering", &v);
+    assert!(v["summary"]["max_discard_rate_held"].is_number());
+    assert!(
+        v["steps"][0]["extra"]["discard_rate_achieved"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn solace_large() {
+    let v = run("solace-3.3-large", &["--clients", "20"]);
+    check("solace-3.3-large", &v);
+    assert_eq!(v["steps"][0]["payload"], 1024);
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn proxy_latency() {
+    let v = run("proxy-latency", &["--trials", "2"]);
+    check("proxy-latency", &v);
+    let e = &v["steps"][0]["extra"];
+    for k in ["pub_to_server_trials", "server_to_sub_trials"] {
+        for f in ["min", "max", "mode", "p50", "mean", "stdev"] {
+            assert!(e[k][f].is_number(), "proxy: {k}.{f}");
+        }
+    }
+    assert!(e["missing_per_trial"].is_number());
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn stock_exchange() {
+    let v = run("stock-exchange", &["--clients", "20"]);
+    check("stock-exchange", &v);
+    assert!(v["steps"][0]["extra"]["tx_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+#[ignore = "needs HERALD_BIN (a built herald); run with --ignored"]
+fn vbds_images() {
+    let v = run("vbds-images", &["--clients", "2", "--set", "messages=50"]);
+    check("vbds-images", &v);
+    let e = &v["steps"][0]["extra"];
+    assert_eq!(e["images"], 50);
+    assert!(e["images_per_s"].as_f64().unwrap() > 0.0);
+    assert!(e["mb_per_s"].as_f64().unwrap() > 0.0);
+}
