@@ -239,6 +239,7 @@ fn every_command_has_help() {
         &["serve", "--help"],
         &["pub", "--help"],
         &["sub", "--help"],
+        &["bench", "--help"],
     ] {
         let out = Command::new(HERALD).args(cmd).output().unwrap();
         assert!(out.status.success(), "{cmd:?}");
