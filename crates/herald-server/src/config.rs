@@ -98,6 +98,7 @@ impl Config {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature, not ours
 mod tests {
     use super::*;
 

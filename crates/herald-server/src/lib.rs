@@ -64,7 +64,13 @@ impl Server {
         let node = self.node;
         tracing::info!(listen = %self.listener.local_addr()?, "herald serving");
         let closing = node.clone();
-        axum::serve(self.listener, http::router(node.clone()))
+        // No Nagle: a small message must leave now, not wait for the previous one's ACK.
+        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
+        axum::serve(listener, http::router(node.clone()))
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 tracing::info!("shutting down: closing connections");

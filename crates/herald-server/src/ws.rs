@@ -133,10 +133,18 @@ async fn read_requests<R: AsyncRead + Unpin>(
     };
     let mut partial: Option<(OpCode, BytesMut)> = None;
     loop {
-        let frame = match reader.read_frame(&mut obliged).await {
+        let mut frame = match reader.read_frame(&mut obliged).await {
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
         };
+        if !is_masked(&mut frame) {
+            conn.close(
+                Disconnect::ProtocolError,
+                1002,
+                "protocol error: client frames must be masked (RFC 6455 5.1)",
+            );
+            return Disconnect::ProtocolError;
+        }
         let (fin, opcode) = (frame.fin, frame.opcode);
         let payload = into_bytes(frame.payload);
         let message = match (opcode, partial.as_mut()) {
@@ -189,6 +197,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Err(code) => node.count_error(code),
         }
     }
+}
+
+/// Whether the client masked the frame. fastwebsockets unmasks without rejecting unmasked client
+/// frames and keeps the mask private; the header it formats carries the mask bit.
+fn is_masked(frame: &mut fastwebsockets::Frame) -> bool {
+    let mut head = [0u8; 16];
+    frame.fmt_head(&mut head);
+    head[1] & 0x80 != 0
 }
 
 fn into_bytes(payload: Payload) -> Bytes {

@@ -3,6 +3,7 @@
 //! - `serve` ([`serve`]): run a herald node.
 //! - `pub` ([`publish`]) and `sub` ([`subscribe`]): command-line clients in the style of
 //!   `nats pub/sub` and `mosquitto_pub/sub`, over the native protocol ([`client`]).
+//! - `bench`: the load generator and scenario runner (crate `herald-bench`).
 
 mod client;
 mod publish;
@@ -27,6 +28,8 @@ enum Command {
     Pub(publish::PubArgs),
     /// Subscribe to topics or patterns and print what arrives
     Sub(subscribe::SubArgs),
+    /// Run a load scenario against herald (see docs/bench.md)
+    Bench(herald_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Pub(args) => publish::run(args).await,
             Command::Sub(args) => subscribe::run(args).await,
+            Command::Bench(args) => herald_bench::run(args).await,
         }
     });
     match result {

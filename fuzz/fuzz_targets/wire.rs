@@ -1,0 +1,43 @@
+//! The protocol decoder on arbitrary client frames: it must never panic, and whatever it
+//! accepts must survive the engine and encode to a well-formed frame.
+#![no_main]
+
+use herald_core::engine::{Engine, EngineConfig, Outbox};
+use herald_core::wire::{self, Frame, Request};
+use libfuzzer_sys::fuzz_target;
+
+struct Sink;
+impl Outbox for Sink {
+    fn send(&self, frame: &Frame) {
+        assert!(frame.len() >= 2, "every frame has a WebSocket header");
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (binary, body) = match data.split_first() {
+        Some((flag, body)) => (flag & 1 == 1, body),
+        None => return,
+    };
+    let decoded = if binary {
+        wire::decode_binary(bytes::Bytes::copy_from_slice(body))
+    } else {
+        match std::str::from_utf8(body) {
+            Ok(text) => wire::decode_text(text),
+            Err(_) => return,
+        }
+    };
+    match decoded {
+        Ok(request) => {
+            let mut engine = Engine::new(EngineConfig::default(), 7);
+            let conn = engine.connect(Sink);
+            // Subscribe to everything first so a publish is also encoded and delivered.
+            let all = wire::decode_text(r#"{"op":"sub","topic":">","snapshot":true}"#).unwrap();
+            engine.handle(conn, all, 0).unwrap();
+            let _ = engine.handle(conn, request.clone(), 1);
+            if let Request::Subscribe(_) = request {
+                let _ = engine.handle(conn, request, 2);
+            }
+        }
+        Err(e) => assert!(!e.message.is_empty() && !e.code.is_empty()),
+    }
+});
