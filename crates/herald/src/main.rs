@@ -29,7 +29,7 @@ enum Command {
     /// Subscribe to topics or patterns and print what arrives
     Sub(subscribe::SubArgs),
     /// Run a load scenario against herald (see docs/bench.md)
-    Bench(herald_bench::BenchArgs),
+    Bench(Box<herald_bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Pub(args) => publish::run(args).await,
             Command::Sub(args) => subscribe::run(args).await,
-            Command::Bench(args) => herald_bench::run(args).await,
+            Command::Bench(args) => herald_bench::run(*args).await,
         }
     });
     match result {

@@ -52,6 +52,7 @@ pub async fn run(args: PubArgs) -> anyhow::Result<()> {
     let mut socket = client::connect(&args.url).await?;
     let start = Instant::now();
     let period = (args.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.rate));
+    let mut last_acked: Option<u64> = None;
     for i in 0..args.count {
         if let Some(period) = period {
             // A schedule, not a sleep per message: delays do not accumulate.
@@ -74,38 +75,38 @@ pub async fn run(args: PubArgs) -> anyhow::Result<()> {
             .await
             .context("connection lost while publishing")?;
         // Surface a refusal as soon as it arrives rather than after the whole series.
-        while let Some(Ok(reply)) = futures_util::FutureExt::now_or_never(client::next(&mut socket))
+        while let Some(incoming) = futures_util::FutureExt::now_or_never(client::next(&mut socket))
         {
-            if let Incoming::Control(reply) = reply {
-                client::check(&reply)?;
-            }
+            absorb(incoming?, &mut last_acked)?;
         }
     }
-    wait_for_acks(&mut socket, args.count).await
-}
-
-/// Waits until the server acknowledged every publish (ids 0..count), failing on its first error.
-async fn wait_for_acks(socket: &mut client::Socket, count: u64) -> anyhow::Result<()> {
+    // Wait until the server acknowledged every publish (ids 0..count).
     let deadline = tokio::time::sleep(Duration::from_secs(30));
     tokio::pin!(deadline);
-    let mut last_acked = None;
-    while last_acked != Some(count - 1) {
-        let next = tokio::select! {
-            next = client::next(socket) => next?,
+    while last_acked != Some(args.count - 1) {
+        let incoming = tokio::select! {
+            next = client::next(&mut socket) => next?,
             _ = &mut deadline => bail!("no acknowledgement from the server within 30 s"),
         };
-        match next {
-            Incoming::Control(reply) => {
-                client::check(&reply)?;
-                if reply["op"] == "ack" {
-                    last_acked = reply["id"].as_u64();
-                }
-            }
-            Incoming::Message { .. } => {}
-            Incoming::Closed(why) => bail!("the server closed the connection ({why})"),
-        }
+        absorb(incoming, &mut last_acked)?;
     }
     Ok(())
+}
+
+/// Notes an acknowledgement, or fails with the server's error or close. Acks arrive in order,
+/// so the last one seen tells how far the server got.
+fn absorb(incoming: Incoming, last_acked: &mut Option<u64>) -> anyhow::Result<()> {
+    match incoming {
+        Incoming::Control(reply) => {
+            client::check(&reply)?;
+            if reply["op"] == "ack" {
+                *last_acked = reply["id"].as_u64();
+            }
+            Ok(())
+        }
+        Incoming::Message { .. } => Ok(()),
+        Incoming::Closed(why) => bail!("the server closed the connection ({why})"),
+    }
 }
 
 /// The binary publish frame: header length (u32, big-endian), JSON header, payload.
