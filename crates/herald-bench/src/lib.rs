@@ -31,6 +31,7 @@ pub mod spawn;
 pub mod stats;
 pub mod sys;
 pub mod wire;
+pub mod ws_client;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

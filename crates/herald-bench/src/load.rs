@@ -22,16 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::Message;
 
 use crate::integrity::{Counts, TopicTrack};
 use crate::schedule::{Assignment, Schedule};
 use crate::stats;
 use crate::wire::{self, Incoming};
+use crate::ws_client::{ServerMessage, WsClient, WsWriter};
 
 /// What every client of a pool does. Serialisable: worker processes receive it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,9 +41,6 @@ pub struct ClientSpec {
     pub topic_names: Vec<String>,
     pub connect_rate: f64,
     pub max_message: usize,
-    /// Socket read buffer per connection. tungstenite zeroes it on every read, so a small one
-    /// (a few KiB for small messages) saves most of the receive cost.
-    pub read_buffer: usize,
     /// Bind each client to a source address in 127.1.0.0/16, 20,000 clients per address, so
     /// more connections than the ephemeral port range can be opened to one server.
     pub bind_sources: bool,
@@ -468,10 +463,7 @@ fn source_addr(client: u64) -> Ipv4Addr {
     Ipv4Addr::new(127, 1, (idx / 250) as u8, (idx % 250) as u8 + 1)
 }
 
-async fn open(
-    spec: &ClientSpec,
-    id: u64,
-) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>> {
+async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
     let url: tokio_tungstenite::tungstenite::http::Uri = spec.url.parse().context("bad --url")?;
     let host = url.host().context("--url has no host")?;
     let port = url.port_u16().unwrap_or(80);
@@ -489,13 +481,8 @@ async fn open(
     }
     let stream = sock.connect(addr).await?;
     stream.set_nodelay(true)?;
-    let cfg = WebSocketConfig::default()
-        .read_buffer_size(spec.read_buffer.max(1024))
-        .max_message_size(Some(spec.max_message))
-        .max_frame_size(Some(spec.max_message));
-    let (ws, _) =
-        tokio_tungstenite::client_async_with_config(spec.url.as_str(), stream, Some(cfg)).await?;
-    Ok(ws)
+    let path = url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    WsClient::handshake(stream, &format!("{host}:{port}"), path, spec.max_message).await
 }
 
 async fn client(local: Rc<RefCell<Local>>, id: u64) {
@@ -512,7 +499,7 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
         r = open(&spec, id) => r,
         _ = stop.notified() => return,
     };
-    let mut ws = match ws {
+    let ws = match ws {
         Ok(ws) => ws,
         Err(e) => {
             shared.failed.fetch_add(1, Relaxed);
@@ -522,16 +509,15 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
     };
     shared.connected.fetch_add(1, Relaxed);
     let topics: Vec<u64> = assignment.topics_of(id).collect();
+    let mut subs = vec![];
     for &t in &topics {
-        if ws
-            .feed(Message::text(wire::sub_frame(&spec.topic(t))))
-            .await
-            .is_err()
-        {
-            break;
-        }
+        crate::ws_client::encode_client_frame(
+            0x1,
+            wire::sub_frame(&spec.topic(t)).as_bytes(),
+            &mut subs,
+        );
     }
-    if ws.flush().await.is_err() {
+    if ws.writer().write_all(&subs).await.is_err() {
         shared.closed.fetch_add(1, Relaxed);
         return;
     }
@@ -546,17 +532,12 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
         tracks,
         pending_subs: topics.len(),
     };
-    // A trader publishes on its own share from a separate local task holding the write half.
-    // Other clients keep the stream whole (no lock between halves on the hot path).
-    match rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
-        Some(t) => {
-            let (sink, stream) = ws.split();
-            let topic = rx.spec.topic(topics[0]);
-            tokio::task::spawn_local(trade(rx.local.clone(), sink, topic, t, stop));
-            rx.run(stream).await
-        }
-        None => rx.run(ws).await,
+    // A trader publishes on its own share from a separate local task with the write handle.
+    if let Some(t) = rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
+        let topic = rx.spec.topic(topics[0]);
+        tokio::task::spawn_local(trade(rx.local.clone(), ws.writer(), topic, t, stop));
     }
+    rx.run(ws).await
 }
 
 /// The receiving side of one subscriber connection. The loop ends when the connection does;
@@ -572,50 +553,36 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn run<S>(mut self, mut stream: S)
-    where
-        S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
-            + Unpin,
-    {
+    async fn run(mut self, mut ws: WsClient) {
         let (shared, id) = (self.shared.clone(), self.id);
         loop {
-            let msg = match stream.next().await {
-                Some(Ok(m)) => m,
-                Some(Err(e)) => {
+            let msg = match ws.next().await {
+                Ok(m) => m,
+                Err(e) => {
                     if !shared.stop.load(Relaxed) {
                         shared.closed.fetch_add(1, Relaxed);
                         push_error(
                             &mut self.local.borrow_mut().errors,
-                            format!("connection {id}: {e}"),
+                            format!("connection {id}: {e:#}"),
                         );
-                    }
-                    return;
-                }
-                None => {
-                    if !shared.stop.load(Relaxed) {
-                        shared.closed.fetch_add(1, Relaxed);
                     }
                     return;
                 }
             };
             let recv_us = wire::now_us();
-            let inc = match &msg {
-                Message::Text(t) => wire::parse_text(t.as_bytes()),
-                Message::Binary(b) => wire::parse_binary(b),
-                Message::Close(f) => {
+            let inc = match msg {
+                ServerMessage::Text(t) => wire::parse_text(t),
+                ServerMessage::Binary(b) => wire::parse_binary(b),
+                ServerMessage::Close(code, reason) => {
                     if !shared.stop.load(Relaxed) {
                         shared.closed.fetch_add(1, Relaxed);
-                        let why = f
-                            .as_ref()
-                            .map(|f| format!("{} {}", u16::from(f.code), f.reason));
                         push_error(
                             &mut self.local.borrow_mut().errors,
-                            format!("server closed a connection: {}", why.unwrap_or_default()),
+                            format!("server closed a connection: {code} {reason}"),
                         );
                     }
                     return;
                 }
-                _ => continue,
             };
             self.handle(inc, recv_us);
         }
@@ -682,14 +649,9 @@ impl Receiver {
     }
 }
 
-type Sink = futures_util::stream::SplitSink<
-    tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
-    Message,
->;
-
 async fn trade(
     local: Rc<RefCell<Local>>,
-    mut sink: Sink,
+    sink: WsWriter,
     topic: String,
     t: TraderSpec,
     stop: Rc<tokio::sync::Notify>,
@@ -700,6 +662,7 @@ async fn trade(
     let start = tokio::time::Instant::now();
     let mut sent = 0u64;
     let mut buf = String::new();
+    let mut frames = vec![];
     loop {
         let due = sched.due(start.elapsed());
         if sent >= due {
@@ -713,15 +676,13 @@ async fn trade(
         if shared.stop.load(Relaxed) {
             return;
         }
-        let s = &mut sink;
         // Never more than 16 catch-up orders at once: a trader that fell behind does not flood.
         let n = (due - sent).min(16);
+        frames.clear();
         for _ in 0..n {
             let now = wire::now_us();
             wire::text_pub(&mut buf, &topic, now, sent, t.payload, t.stamp, "order");
-            if s.feed(Message::text(buf.clone())).await.is_err() {
-                return;
-            }
+            crate::ws_client::encode_client_frame(0x1, buf.as_bytes(), &mut frames);
             sent += 1;
             shared.orders.fetch_add(1, Relaxed);
             let (ws, we) = (
@@ -732,7 +693,7 @@ async fn trade(
                 local.borrow_mut().window_orders += 1;
             }
         }
-        if s.flush().await.is_err() {
+        if sink.write_all(&frames).await.is_err() {
             return;
         }
         if due - sent > 1000 {
@@ -762,7 +723,6 @@ mod tests {
             topic_names: vec!["NFLX".into(), "TSLA".into()],
             connect_rate: 1.0,
             max_message: 1,
-            read_buffer: 4096,
             bind_sources: false,
             record_raw: false,
             trader: None,

@@ -174,8 +174,6 @@ fn client_spec(ctx: &Ctx, p: &Params, max_message: usize) -> ClientSpec {
         topic_names: p.topic_names.clone(),
         connect_rate: p.connect_rate,
         max_message,
-        // A few messages' worth: tungstenite zeroes the whole buffer on each read.
-        read_buffer: ((p.payload as usize + 256) * 4).clamp(1024, 128 * 1024),
         bind_sources: p.clients > 25_000,
         record_raw: false,
         trader: None,

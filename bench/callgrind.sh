@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# CPU cost of herald per published and per delivered message, in instructions counted by
+# valgrind's callgrind: repeatable whatever else the machine is doing, unlike seconds.
+#
+# herald runs under callgrind twice with the same fixed fan-out load (herald bench: 100
+# subscribers × 10 subscriptions over 100 topics, so each message reaches 10 subscribers, one
+# publisher at 300 msg/s, 50-byte text), once for SHORT and once for LONG seconds. The
+# difference between the two totals, divided by the difference in messages (from herald's own
+# /metrics), cancels start-up, connection and shutdown costs and leaves the steady state.
+#
+# Usage: bench/callgrind.sh [HERALD_BIN]   (default target/release/herald)
+#        SHORT=5 LONG=15 RATE=300 PORT=18091 bench/callgrind.sh
+#        KEEP=DIR bench/callgrind.sh   keeps the callgrind profiles (callgrind_annotate DIR/…)
+# Prints one Markdown table row; commit it in bench/RESULTS.md with the commit it measured.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+herald="${1:-target/release/herald}"
+short="${SHORT:-5}"
+long="${LONG:-15}"
+rate="${RATE:-300}"
+port="${PORT:-18091}"
+command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+[ -x "$herald" ] || { echo "no herald binary at $herald (cargo build --release)" >&2; exit 2; }
+
+work="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$work"/callgrind.* "$KEEP"/; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+metric() { # metric NAME: the value of an unlabelled counter from /metrics
+  curl -fsS "http://127.0.0.1:$port/metrics" | awk -v n="$1" '$1 == n { print $2 }'
+}
+
+# run SECONDS: prints "instructions messages_in deliveries"
+run() {
+  local out="$work/callgrind.$1"
+  # One core, hence one tokio worker thread: the production benchmark's placement, and the
+  # same scheduling in every run.
+  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no \
+    "$herald" serve --listen "127.0.0.1:$port" --log warn >"$work/valgrind.$1.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 600); do
+    curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  "$herald" bench --kind fanout --url "ws://127.0.0.1:$port/ws" --clients 100 --topics 100 \
+    --subs 10 --publishers 1 --rate "$rate" --payload 50 --warmup 0 --duration "$1" \
+    >"$work/bench.$1.log" 2>&1 || { cat "$work/bench.$1.log" >&2; exit 1; }
+  local msgs deliveries
+  msgs="$(metric 'herald_messages_in_total{source="ws"}')"
+  deliveries="$(metric herald_deliveries_total)"
+  kill -TERM "$server_pid"
+  wait "$server_pid" || true
+  server_pid=""
+  local instructions
+  instructions="$(awk '/^(summary|totals):/ { print $2; exit }' "$out")"
+  echo "$instructions ${msgs%.*} ${deliveries%.*}"
+}
+
+read -r i1 m1 d1 < <(run "$short")
+read -r i2 m2 d2 < <(run "$long")
+python3 - "$i1" "$m1" "$d1" "$i2" "$m2" "$d2" <<'EOF'
+import sys
+i1, m1, d1, i2, m2, d2 = map(int, sys.argv[1:])
+dm, dd, di = m2 - m1, d2 - d1, i2 - i1
+print(f"runs: {m1} msgs / {d1} deliveries / {i1:,} instr; {m2} / {d2} / {i2:,}")
+print("| messages | deliveries | instructions per message published | per delivery (fan-out 10) |")
+print("|---:|---:|---:|---:|")
+print(f"| {dm:,} | {dd:,} | {di / dm:,.0f} | {di / dd:,.0f} |")
+EOF
