@@ -151,6 +151,12 @@ mod tests {
         assert!(!g.may_publish("orders/desk2/1"));
         assert!(!g.may_publish("quotes/fx/EURUSD"));
         assert!(Grants::all().may_subscribe(">"));
-        assert!(Grants::default() == Grants { subscribe: vec![], publish: vec![] });
+        assert!(
+            Grants::default()
+                == Grants {
+                    subscribe: vec![],
+                    publish: vec![]
+                }
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! herald's network layer: the only crate that touches sockets.
 //!
+//! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
@@ -10,6 +11,7 @@
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
 
+pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod http;
@@ -42,7 +44,7 @@ impl Server {
         })?;
         Ok(Server {
             listener,
-            node: Node::new(config),
+            node: Node::new(config)?,
         })
     }
 
@@ -63,6 +65,9 @@ impl Server {
     ) -> anyhow::Result<()> {
         let node = self.node;
         tracing::info!(listen = %self.listener.local_addr()?, "herald serving");
+        if node.auth.is_none() {
+            tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
+        }
         let closing = node.clone();
         // No Nagle: a small message must leave now, not wait for the previous one's ACK.
         let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {

@@ -35,6 +35,10 @@ pub enum Disconnect {
     ProtocolError,
     IoError,
     Shutdown,
+    /// No valid token (4003).
+    Unauthorized,
+    /// The token lapsed without a refresh (4001).
+    TokenExpired,
 }
 
 impl Disconnect {
@@ -47,6 +51,8 @@ impl Disconnect {
             Disconnect::ProtocolError => "protocol_error",
             Disconnect::IoError => "io_error",
             Disconnect::Shutdown => "shutdown",
+            Disconnect::Unauthorized => "unauthorized",
+            Disconnect::TokenExpired => "token_expired",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The state one herald process shares between its connections: the engine behind its lock,
 //! the metrics, the live sessions.
 
+use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::metrics::{Disconnect, Metrics};
@@ -17,17 +18,21 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// Every WebSocket session, so shutdown can wait for their close frames to go out.
     pub sessions: TaskTracker,
+    /// Token verification; `None` when auth is off.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 impl Node {
-    pub fn new(config: Config) -> Arc<Node> {
+    /// Fails when the configured auth keys cannot be loaded.
+    pub fn new(config: Config) -> anyhow::Result<Arc<Node>> {
         let engine = Engine::new(config.engine(), rand::random());
-        Arc::new(Node {
+        Ok(Arc::new(Node {
             engine: Mutex::new(engine),
             metrics: Arc::new(Metrics::default()),
             sessions: TaskTracker::new(),
+            auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
             config,
-        })
+        }))
     }
 
     /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).

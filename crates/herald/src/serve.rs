@@ -40,6 +40,24 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "AuthOverrides::is_empty")]
+    auth: AuthOverrides,
+}
+
+/// Flags for the `[auth]` section.
+#[derive(Args, Serialize)]
+struct AuthOverrides {
+    /// Turn authentication on: verify HS256 tokens with the secret in this file (auth.hs256_secret_file)
+    #[arg(long = "auth-hs256-secret-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hs256_secret_file: Option<PathBuf>,
+}
+
+impl AuthOverrides {
+    fn is_empty(&self) -> bool {
+        self.hs256_secret_file.is_none()
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
