@@ -305,7 +305,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Admit::Pass => {}
             Admit::Reply(reply) => {
                 if let Reply::Error { code, .. } = &reply {
-                    node.count_error(*code);
+                    node.count_error(code);
                 }
                 conn.send_control(wire::encode_reply(&reply));
                 continue;
