@@ -47,6 +47,7 @@ pub enum OpCode {
     Text = 0x1,
     Binary = 0x2,
     Close = 0x8,
+    Ping = 0x9,
     Pong = 0xA,
 }
 

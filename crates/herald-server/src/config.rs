@@ -2,6 +2,7 @@
 //! variables, then command-line flags — each overriding the one before.
 
 use crate::auth::AuthConfig;
+use crate::limits::LimitsConfig;
 use anyhow::{bail, Context};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -29,6 +30,8 @@ pub struct Config {
     pub history: Vec<HistoryRule>,
     /// Authentication and permissions (`[auth]`, docs/security.md); off unless a key is set.
     pub auth: AuthConfig,
+    /// Limits against abusive clients (`[limits]`, docs/security.md).
+    pub limits: LimitsConfig,
 }
 
 impl Default for Config {
@@ -43,6 +46,7 @@ impl Default for Config {
             shutdown_grace_secs: 5,
             history: engine.history,
             auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }

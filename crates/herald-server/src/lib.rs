@@ -3,6 +3,8 @@
 //! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`limits`]: per-IP and per-connection limits against abusive clients.
+//! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
 //! - [`connection`]: a connection's outbound queue and its batching writer.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
@@ -15,6 +17,8 @@ pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod http;
+pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod ws;
@@ -69,20 +73,17 @@ impl Server {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }
         let closing = node.clone();
-        // No Nagle: a small message must leave now, not wait for the previous one's ACK.
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        axum::serve(listener, http::router(node.clone()))
-            .with_graceful_shutdown(async move {
+        listener::serve(
+            self.listener,
+            node.clone(),
+            http::router(node.clone()),
+            async move {
                 shutdown.await;
                 tracing::info!("shutting down: closing connections");
                 closing.close_all();
-            })
-            .await
-            .context("HTTP server failed")?;
+            },
+        )
+        .await;
         node.sessions.close();
         let grace = Duration::from_secs(node.config.shutdown_grace_secs + 1);
         if tokio::time::timeout(grace, node.sessions.wait())

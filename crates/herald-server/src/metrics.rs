@@ -39,6 +39,10 @@ pub enum Disconnect {
     Unauthorized,
     /// The token lapsed without a refresh (4001).
     TokenExpired,
+    /// Sent more frames or bytes per second than allowed (1008).
+    RateLimited,
+    /// Nothing arrived, not even a pong, for the idle timeout (1001).
+    Idle,
 }
 
 impl Disconnect {
@@ -53,6 +57,8 @@ impl Disconnect {
             Disconnect::Shutdown => "shutdown",
             Disconnect::Unauthorized => "unauthorized",
             Disconnect::TokenExpired => "token_expired",
+            Disconnect::RateLimited => "rate_limited",
+            Disconnect::Idle => "idle",
         }
     }
 }

@@ -4,6 +4,7 @@
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::connection::Connection;
+use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics};
 use herald_core::engine::{Engine, Published};
 use herald_core::wire::{ProtocolError, Publish};
@@ -20,6 +21,8 @@ pub struct Node {
     pub sessions: TaskTracker,
     /// Token verification; `None` when auth is off.
     pub auth: Option<Arc<Authenticator>>,
+    /// Connections and connection attempts per source IP.
+    pub ip_limits: Arc<IpLimits>,
 }
 
 impl Node {
@@ -31,6 +34,7 @@ impl Node {
             metrics: Arc::new(Metrics::default()),
             sessions: TaskTracker::new(),
             auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
+            ip_limits: IpLimits::new(config.limits.clone()),
             config,
         }))
     }

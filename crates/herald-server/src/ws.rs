@@ -7,6 +7,7 @@
 
 use crate::auth::{self, Access, Admit, Deadline, Refused};
 use crate::connection::Connection;
+use crate::limits::Meter;
 use crate::metrics::{Disconnect, Reason};
 use crate::node::{now_us, Node};
 use axum::body::Body;
@@ -18,16 +19,14 @@ use fastwebsockets::{OpCode, Payload, Role, WebSocketError};
 use herald_core::engine::ConnId;
 use herald_core::wire::{self, ProtocolError, Reply};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 /// Bytes a frame may carry beyond `max_message_bytes`: room for a binary frame's JSON header.
 const HEADER_ALLOWANCE: usize = 64 << 10;
-
-/// How long a connection that arrived without a token has to send `{"op":"auth"}`.
-const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Response {
     if !fastwebsockets::upgrade::is_upgrade_request(&request) {
@@ -164,7 +163,7 @@ where
 {
     let conn = Connection::new(node.config.max_outbound_bytes, node.metrics.clone());
     let id = node.engine.lock().connect(conn.clone());
-    let mut access = Access::new(node.auth.clone(), AUTH_TIMEOUT);
+    let mut access = Access::new(node.auth.clone(), node.config.limits.handshake_timeout());
     if let Some(token) = token {
         if let Err(Refused(why)) = access.present(&token) {
             let error = ProtocolError::new("unauthorized", why);
@@ -173,6 +172,7 @@ where
         }
     }
     let deadline = access.deadline();
+    let activity = Activity::default();
     // fastwebsockets wants a write half to pair with its reader; ours writes elsewhere.
     let (mut reader, _) =
         fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
@@ -181,7 +181,7 @@ where
     let writer = conn.run_writer(write, grace);
     tokio::pin!(writer);
     let why = tokio::select! {
-        why = read_requests(&node, id, &conn, &mut reader, &mut access) => {
+        why = read_requests(&node, id, &conn, &mut reader, &mut access, &activity) => {
             let _ = writer.await;
             conn.close_reason().unwrap_or(why)
         }
@@ -190,6 +190,10 @@ where
             (Err(_), None) => Disconnect::IoError,
             (Ok(()), None) => Disconnect::ClientClosed,
         },
+        why = keepalive(&node, &conn, &activity) => {
+            let _ = writer.await;
+            conn.close_reason().unwrap_or(why)
+        }
         deadline = lapsed(deadline) => {
             let why = if deadline.code == 4001 { Disconnect::TokenExpired } else { Disconnect::Unauthorized };
             conn.close(why, deadline.code, deadline.reason);
@@ -200,6 +204,61 @@ where
     node.engine.lock().disconnect(id);
     node.metrics.disconnected(why);
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
+}
+
+/// When the client last sent anything, in ms since the session started.
+#[derive(Default)]
+struct Activity {
+    started: OnceInstant,
+    last_ms: AtomicU64,
+}
+
+/// `Instant::now()` at construction (a `Default` for [`Activity`]).
+struct OnceInstant(Instant);
+
+impl Default for OnceInstant {
+    fn default() -> Self {
+        OnceInstant(Instant::now())
+    }
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = self.started.0.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        let ms = self.started.0.elapsed().as_millis() as u64;
+        Duration::from_millis(ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Pings a quiet client every `ping_interval` and closes it (1001) once nothing, not even a
+/// pong, has arrived for `idle_timeout`. Never completes when both are 0.
+async fn keepalive(node: &Node, conn: &Connection, activity: &Activity) -> Disconnect {
+    let limits = &node.config.limits;
+    let idle = Duration::from_secs(limits.idle_timeout_secs);
+    let every = match (limits.ping_interval_secs, limits.idle_timeout_secs) {
+        (0, 0) => return std::future::pending().await,
+        (0, i) | (i, 0) => Duration::from_secs(i),
+        (p, i) => Duration::from_secs(p.min(i)),
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let quiet = activity.quiet_for();
+        if !idle.is_zero() && quiet >= idle {
+            let reason = format!("idle: nothing received for {} s", idle.as_secs());
+            conn.close(Disconnect::Idle, 1001, &reason);
+            return Disconnect::Idle;
+        }
+        if limits.ping_interval_secs > 0 && quiet >= every {
+            conn.send_control(wire::encode_control(wire::OpCode::Ping, b"herald"));
+        }
+    }
 }
 
 /// Completes when the connection's deadline (token expiry, or the time to authenticate) passes;
@@ -232,7 +291,9 @@ async fn read_requests<R: AsyncRead + Unpin>(
     conn: &Arc<Connection>,
     reader: &mut fastwebsockets::WebSocketRead<R>,
     access: &mut Access,
+    activity: &Activity,
 ) -> Disconnect {
+    let mut meter = Meter::new(&node.config.limits, Instant::now());
     let limit = frame_limit(node);
     // Pongs and the echo of a client's close, which the reader obliges us to send.
     let mut obliged = |frame: fastwebsockets::Frame| {
@@ -254,6 +315,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
         };
+        activity.touch();
+        if let Err(why) = meter.record(frame.payload.len(), Instant::now()) {
+            node.count_error("rate_limited");
+            let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
+            conn.send_control(wire::encode_reply(&Reply::from(error)));
+            conn.close(Disconnect::RateLimited, 1008, "rate limit exceeded");
+            return Disconnect::RateLimited;
+        }
         if !is_masked(&mut frame) {
             conn.close(
                 Disconnect::ProtocolError,
