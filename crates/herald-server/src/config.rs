@@ -3,6 +3,7 @@
 
 use crate::auth::AuthConfig;
 use crate::limits::LimitsConfig;
+use crate::tls::TlsConfig;
 use anyhow::{bail, Context};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -32,6 +33,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Limits against abusive clients (`[limits]`, docs/security.md).
     pub limits: LimitsConfig,
+    /// TLS on the listener (`[tls]`); plain HTTP unless both paths are set.
+    pub tls: TlsConfig,
 }
 
 impl Default for Config {
@@ -47,6 +50,7 @@ impl Default for Config {
             history: engine.history,
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }

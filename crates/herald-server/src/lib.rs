@@ -5,6 +5,7 @@
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
 //! - [`limits`]: per-IP and per-connection limits against abusive clients.
 //! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
+//! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
 //! - [`connection`]: a connection's outbound queue and its batching writer.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
@@ -21,6 +22,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod node;
+pub mod tls;
 pub mod ws;
 
 pub use config::Config;

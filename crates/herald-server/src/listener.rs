@@ -29,6 +29,11 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()>,
 ) {
+    if let Some(tls) = &node.tls {
+        if let Err(e) = tls.reload_on_sighup() {
+            tracing::warn!(error = %format!("{e:#}"), "TLS certificates will not reload on SIGHUP");
+        }
+    }
     let (stop, stopping) = watch::channel(false);
     let connections = TaskTracker::new();
     tokio::pin!(shutdown);
@@ -61,14 +66,28 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let io = Guarded {
-            io: tcp,
-            _guard: guard,
-        };
         let service = TowerToHyperService::new(router.clone());
         let timeout = node.config.limits.handshake_timeout();
         let mut stopping = stopping.clone();
+        let tls = node.tls.as_ref().map(|tls| tls.acceptor());
         connections.spawn(async move {
+            let stream = match tls {
+                None => Stream::Plain(tcp),
+                Some(acceptor) => {
+                    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => Stream::Tls(Box::new(tls)),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return, // slow TLS handshake: the same deadline as headers
+                    }
+                }
+            };
+            let io = Guarded {
+                io: stream,
+                _guard: guard,
+            };
             let mut builder = http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
@@ -95,11 +114,33 @@ pub async fn serve(
     let _ = tokio::time::timeout(grace, connections.wait()).await;
 }
 
-/// A TCP stream that holds its source IP's connection slot until it is dropped, which, for an
+/// The connection's byte stream: plain TCP or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// A stream that holds its source IP's connection slot until it is dropped, which, for an
 /// upgraded WebSocket, is when the session ends.
 struct Guarded {
-    io: TcpStream,
+    io: Stream,
     _guard: IpGuard,
+}
+
+/// Evaluates `$call` with `$io` bound to whichever stream `$self` holds, pinned.
+macro_rules! each {
+    ($self:ident, $io:ident => $call:expr) => {
+        match &mut $self.io {
+            Stream::Plain($io) => {
+                let $io = Pin::new($io);
+                $call
+            }
+            Stream::Tls($io) => {
+                let $io = Pin::new($io.as_mut());
+                $call
+            }
+        }
+    };
 }
 
 impl AsyncRead for Guarded {
@@ -108,7 +149,7 @@ impl AsyncRead for Guarded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        each!(self, io => io.poll_read(cx, buf))
     }
 }
 
@@ -118,7 +159,7 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        each!(self, io => io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -126,18 +167,21 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        each!(self, io => io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        match &self.io {
+            Stream::Plain(io) => io.is_write_vectored(),
+            Stream::Tls(io) => io.is_write_vectored(),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        each!(self, io => io.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        each!(self, io => io.poll_shutdown(cx))
     }
 }

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::connection::Connection;
 use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics};
+use crate::tls::Tls;
 use herald_core::engine::{Engine, Published};
 use herald_core::wire::{ProtocolError, Publish};
 use parking_lot::Mutex;
@@ -23,6 +24,8 @@ pub struct Node {
     pub auth: Option<Arc<Authenticator>>,
     /// Connections and connection attempts per source IP.
     pub ip_limits: Arc<IpLimits>,
+    /// TLS on the listener; `None` for plain HTTP.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Node {
@@ -35,6 +38,7 @@ impl Node {
             sessions: TaskTracker::new(),
             auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
             ip_limits: IpLimits::new(config.limits.clone()),
+            tls: Tls::from_config(&config.tls)?,
             config,
         }))
     }
