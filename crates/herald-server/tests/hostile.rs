@@ -143,7 +143,7 @@ async fn hostile_clients_are_stopped_and_a_good_subscriber_keeps_its_latency() {
                 break;
             }
             sent += 1;
-            if sent % 64 == 0 && ws.flush().await.is_err() {
+            if sent.is_multiple_of(64) && ws.flush().await.is_err() {
                 break;
             }
         }
