@@ -2,7 +2,7 @@
 //!
 //! Off unless a key is configured. When on, a connection (or an HTTP publish) presents a JWT:
 //! its signature is checked against the configured keys (HS256 secret, RS256/ES256 PEM public
-//! keys, a JWKS file), its `exp`/`nbf`/`iss`/`aud` against the config, and its `herald` claim
+//! keys, a JWKS file or URL), its `exp`/`nbf`/`iss`/`aud` against the config, and its `herald` claim
 //! becomes the connection's [`Grants`]. The admin API key is a separate shared secret for admin
 //! endpoints and server-side publishing.
 
@@ -12,6 +12,7 @@ use herald_core::topic;
 use herald_core::wire::{ProtocolError, Reply, Request};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,6 +32,11 @@ pub struct AuthConfig {
     pub es256_public_key_file: Option<PathBuf>,
     /// A JWKS document (`{"keys":[...]}`); a token's `kid` picks the key.
     pub jwks_file: Option<PathBuf>,
+    /// A JWKS document fetched over plain `http://` (an identity provider's endpoint reached
+    /// through a local sidecar or proxy), at start and then every `jwks_refresh_secs`.
+    pub jwks_url: Option<String>,
+    /// How often the JWKS URL is fetched again, so rotated keys are picked up (seconds).
+    pub jwks_refresh_secs: u64,
     /// Required `iss`, if set.
     pub issuer: Option<String>,
     /// Required `aud`, if set. When unset, tokens that carry an `aud` are refused (RFC 7519 4.1.3).
@@ -51,6 +57,8 @@ impl Default for AuthConfig {
             rs256_public_key_file: None,
             es256_public_key_file: None,
             jwks_file: None,
+            jwks_url: None,
+            jwks_refresh_secs: 300,
             issuer: None,
             audience: None,
             leeway_secs: 30,
@@ -67,6 +75,7 @@ impl AuthConfig {
             || self.rs256_public_key_file.is_some()
             || self.es256_public_key_file.is_some()
             || self.jwks_file.is_some()
+            || self.jwks_url.is_some()
     }
 }
 
@@ -115,6 +124,10 @@ struct Key {
 
 pub struct Authenticator {
     keys: Vec<Key>,
+    /// The keys last fetched from `jwks_url`, swapped whole on each refresh.
+    fetched: RwLock<Arc<Vec<Key>>>,
+    jwks_url: Option<String>,
+    jwks_refresh: Duration,
     issuer: Option<String>,
     audience: Option<String>,
     leeway_secs: u64,
@@ -177,6 +190,9 @@ impl Authenticator {
         };
         Ok(Some(Authenticator {
             keys,
+            fetched: RwLock::new(Arc::new(Vec::new())),
+            jwks_url: config.jwks_url.clone(),
+            jwks_refresh: Duration::from_secs(config.jwks_refresh_secs.max(1)),
             issuer: config.issuer.clone(),
             audience: config.audience.clone(),
             leeway_secs: config.leeway_secs,
@@ -189,9 +205,11 @@ impl Authenticator {
     pub fn verify(&self, token: &str) -> Result<Session, Refused> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| Refused(format!("malformed token: {e}")))?;
+        let fetched = self.fetched.read().clone();
         let candidates: Vec<&Key> = self
             .keys
             .iter()
+            .chain(fetched.iter())
             .filter(|k| k.algorithm == header.alg)
             .filter(|k| header.kid.is_none() || k.kid.is_none() || k.kid == header.kid)
             .collect();
@@ -225,6 +243,40 @@ impl Authenticator {
             }
         }
         Err(refusal(last.expect("at least one candidate was tried")))
+    }
+
+    /// Fetches the JWKS URL, if one is configured, and replaces the fetched keys.
+    pub async fn refresh_jwks(&self) -> anyhow::Result<()> {
+        let Some(url) = &self.jwks_url else {
+            return Ok(());
+        };
+        let document = crate::jwks::fetch(url).await?;
+        let keys = jwks_keys(&document)
+            .with_context(|| format!("{url} did not return a usable JWKS document"))?;
+        *self.fetched.write() = Arc::new(keys);
+        Ok(())
+    }
+
+    /// Refreshes the JWKS keys every `jwks_refresh_secs` (every 10 s while failing), until the
+    /// process exits. Does nothing without a JWKS URL.
+    pub fn spawn_jwks_refresh(self: &Arc<Self>) {
+        if self.jwks_url.is_none() {
+            return;
+        }
+        let auth = self.clone();
+        tokio::spawn(async move {
+            let mut wait = auth.jwks_refresh;
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = match auth.refresh_jwks().await {
+                    Ok(()) => auth.jwks_refresh,
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "JWKS refresh failed; keeping the keys held");
+                        auth.jwks_refresh.min(Duration::from_secs(10))
+                    }
+                };
+            }
+        });
     }
 
     /// Does `presented` equal the admin API key? Compared in constant time.

@@ -3,6 +3,7 @@
 //! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`jwks`]: fetching a JWKS document for [`auth`].
 //! - [`limits`]: per-IP and per-connection limits against abusive clients.
 //! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
 //! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
@@ -18,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod http;
+pub mod jwks;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
@@ -48,10 +50,15 @@ impl Server {
                 config.listen
             )
         })?;
-        Ok(Server {
-            listener,
-            node: Node::new(config)?,
-        })
+        let node = Node::new(config)?;
+        if let Some(auth) = &node.auth {
+            // Start with the keys if the URL answers; the refresher retries if it does not.
+            if let Err(e) = auth.refresh_jwks().await {
+                tracing::error!(error = %format!("{e:#}"), "cannot fetch the JWKS; retrying every 10 s");
+            }
+            auth.spawn_jwks_refresh();
+        }
+        Ok(Server { listener, node })
     }
 
     pub fn local_addr(&self) -> SocketAddr {

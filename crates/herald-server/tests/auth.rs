@@ -473,3 +473,61 @@ async fn with_auth_off_everything_is_allowed_and_auth_is_acknowledged() {
     subscribe(&mut other, "x").await;
     server.stop().await;
 }
+
+/// A one-route HTTP server answering every request with the current `document`.
+async fn serve_jwks(document: std::sync::Arc<parking_lot::Mutex<String>>) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = document.lock().clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_jwks_url_is_fetched_and_refreshed_so_rotated_keys_work() {
+    let document = std::sync::Arc::new(parking_lot::Mutex::new(r#"{"keys":[]}"#.to_owned()));
+    let jwks = serve_jwks(document.clone()).await;
+    let config = Config {
+        auth: AuthConfig {
+            jwks_url: Some(format!("http://{jwks}/.well-known/jwks.json")),
+            jwks_refresh_secs: 1,
+            ..AuthConfig::default()
+        },
+        ..Config::default()
+    };
+    let server = TestServer::start(config).await;
+    let rsa =
+        EncodingKey::from_rsa_pem(&std::fs::read(keys().join("rsa_private.pem")).unwrap()).unwrap();
+    let mut grant = claims(&["a/>"], &[], 60);
+    grant.as_object_mut().unwrap().remove("aud");
+    let token = sign(Algorithm::RS256, &rsa, &grant, Some("test-rsa-1"));
+    // The key is not published yet.
+    let mut early = connect_with(&server, "", Some(&token)).await;
+    let reply = expect_refusal(&mut early, "unauthorized", Some(4003)).await;
+    assert!(
+        reply["message"]
+            .as_str()
+            .unwrap()
+            .contains("no configured key"),
+        "{reply}"
+    );
+    // Publish it; within a refresh period the same token is accepted.
+    *document.lock() = std::fs::read_to_string(keys().join("jwks.json")).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut later = connect_with(&server, "", Some(&token)).await;
+    subscribe(&mut later, "a/b").await;
+    server.stop().await;
+}
