@@ -297,8 +297,7 @@ impl Authenticator {
         let presented = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(bearer)
             .ok_or_else(|| {
                 Refused(
                     "authentication is on: send Authorization: Bearer <token or admin key>".into(),
@@ -461,6 +460,15 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The credential in an `Authorization: Bearer …` value (the scheme is case-insensitive).
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credential) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(credential.trim())
+        .filter(|c| !c.is_empty())
+}
+
 /// The Origin rule, shared with auth-off servers (where an empty list allows any origin).
 pub fn origin_allowed(allowed: &[String], origin: &str, host: Option<&str>, open: bool) -> bool {
     if allowed.is_empty() {
@@ -543,6 +551,15 @@ fn jwks_keys(document: &[u8]) -> anyhow::Result<Vec<Key>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("Bearer"), None);
+    }
 
     #[test]
     fn origins() {

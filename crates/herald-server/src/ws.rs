@@ -116,8 +116,8 @@ fn presented_token(request: &Request) -> Option<String> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_owned());
+        .and_then(auth::bearer)
+        .map(str::to_owned);
     bearer.or_else(|| {
         let query = request.uri().query()?;
         url_form_pairs(query).find_map(|(k, v)| (k == "token").then_some(v))
@@ -166,6 +166,7 @@ where
     let mut access = Access::new(node.auth.clone(), node.config.limits.handshake_timeout());
     if let Some(token) = token {
         if let Err(Refused(why)) = access.present(&token) {
+            node.count_error("unauthorized");
             let error = ProtocolError::new("unauthorized", why);
             conn.send_control(wire::encode_reply(&Reply::from(error)));
             conn.close(Disconnect::Unauthorized, 4003, "unauthorized");

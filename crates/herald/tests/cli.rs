@@ -284,6 +284,54 @@ fn tokens_from_herald_token_open_exactly_what_they_grant() {
 }
 
 #[test]
+fn serve_speaks_tls_with_the_tls_flags() {
+    let dir = std::env::temp_dir().join(format!("herald-cli-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-subj", "/CN=localhost", "-days", "1"])
+        .args([
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let serve = Serve::start_with(
+        &[
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+        ],
+        None,
+    );
+    let out = Command::new("curl")
+        .args(["-s", "--cacert", cert.to_str().unwrap()])
+        .args(["--resolve", &format!("localhost:{}:127.0.0.1", serve.port)])
+        .arg(format!("https://localhost:{}/healthz", serve.port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    serve.stop();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn serve_warns_that_auth_is_off_by_default() {
     let logs = Serve::start().stop();
     assert!(logs.contains("authentication is OFF"), "{logs}");
