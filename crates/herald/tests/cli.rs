@@ -83,6 +83,17 @@ impl Serve {
     }
 }
 
+/// Runs `cmd`, which must succeed (its stderr is shown if not).
+fn succeed(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
@@ -228,21 +239,16 @@ fn tokens_from_herald_token_open_exactly_what_they_grant() {
         Some("cli-admin-key"),
     );
     let mint = |grants: &[&str]| {
-        let out = Command::new(HERALD)
-            .args([
-                "token",
-                "--secret-file",
-                secret.to_str().unwrap(),
-                "--ttl",
-                "60",
-            ])
-            .args(grants)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeed(
+            Command::new(HERALD)
+                .args([
+                    "token",
+                    "--secret-file",
+                    secret.to_str().unwrap(),
+                    "--ttl",
+                    "60",
+                ])
+                .args(grants),
         );
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     };
@@ -288,28 +294,23 @@ fn serve_speaks_tls_with_the_tls_flags() {
     let dir = std::env::temp_dir().join(format!("herald-cli-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let made = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .args(["-nodes", "-subj", "/CN=localhost", "-days", "1"])
-        .args([
-            "-keyout",
-            key.to_str().unwrap(),
-            "-out",
-            cert.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
+    succeed(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-subj", "/CN=localhost", "-days", "1"])
+            .args([
+                "-keyout",
+                key.to_str().unwrap(),
+                "-out",
+                cert.to_str().unwrap(),
+            ]),
     );
     let serve = Serve::start_with(
         &[
