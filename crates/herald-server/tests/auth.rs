@@ -531,3 +531,18 @@ async fn a_jwks_url_is_fetched_and_refreshed_so_rotated_keys_work() {
     subscribe(&mut later, "a/b").await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_connection_that_never_authenticates_is_closed_4003() {
+    let secrets = Secrets::new("silent");
+    let mut config = secrets.config();
+    config.limits.handshake_timeout_secs = 1;
+    let server = TestServer::start(config).await;
+    let mut silent = server.connect().await;
+    let started = std::time::Instant::now();
+    let frame = close_frame(&mut silent).await.expect("a close frame");
+    assert_eq!(u16::from(frame.code), 4003);
+    assert_eq!(frame.reason.as_str(), "unauthorized");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    server.stop().await;
+}

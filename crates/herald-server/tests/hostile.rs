@@ -90,7 +90,8 @@ async fn hostile_clients_are_stopped_and_a_good_subscriber_keeps_its_latency() {
             // Let all 1,000 half-open connections in, to show the header deadline frees them.
             max_connections_per_ip: 0,
             connect_rate_per_ip: 0.0,
-            handshake_timeout_secs: 2,
+            // Longer than the measurement, so the stalled sockets are held throughout it.
+            handshake_timeout_secs: 5,
             max_messages_per_sec: 500,
             ..LimitsConfig::default()
         },
@@ -100,7 +101,9 @@ async fn hostile_clients_are_stopped_and_a_good_subscriber_keeps_its_latency() {
     let addr = server.addr;
     let baseline = p99(measure(&server, Duration::from_secs(3)).await);
 
-    // 1. 1,000 connections that send half a request and stall.
+    // 1. 1,000 connections that send half a request and stall. The measurement starts once all
+    // are held (the connect burst itself is the per-IP rate limit's business, tested below).
+    let (all_held, held_signal) = tokio::sync::oneshot::channel();
     let slowloris = tokio::spawn(async move {
         let mut held = Vec::new();
         for _ in 0..1000 {
@@ -110,11 +113,12 @@ async fn hostile_clients_are_stopped_and_a_good_subscriber_keeps_its_latency() {
                 .unwrap();
             held.push(s);
         }
+        let _ = all_held.send(());
         let started = Instant::now();
         let mut closed = 0;
         for mut s in held {
             let mut buf = [0u8; 512];
-            let deadline = Duration::from_secs(8).saturating_sub(started.elapsed());
+            let deadline = Duration::from_secs(10).saturating_sub(started.elapsed());
             // hyper answers 408 or just closes; either way the socket reaches EOF.
             loop {
                 match tokio::time::timeout(deadline, s.read(&mut buf)).await {
@@ -129,6 +133,8 @@ async fn hostile_clients_are_stopped_and_a_good_subscriber_keeps_its_latency() {
         }
         (closed, started.elapsed())
     });
+
+    held_signal.await.unwrap();
 
     // 2. 1-byte frames as fast as possible.
     let flooder = tokio::spawn(async move {
