@@ -144,6 +144,12 @@ impl Authenticator {
             }
             return Ok(None);
         }
+        if config.leeway_secs > MAX_LEEWAY_SECS {
+            bail!(
+                "auth.leeway_secs is {}; at most {MAX_LEEWAY_SECS} (a day) of clock skew is accepted",
+                config.leeway_secs
+            );
+        }
         let mut keys = Vec::new();
         if let Some(path) = &config.hs256_secret_file {
             let secret = read_secret(path)?;
@@ -321,6 +327,12 @@ pub enum Caller {
     Token(Session),
 }
 
+/// A token lapsing later than this sets no deadline on its connection.
+const FOREVER: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Most clock skew `auth.leeway_secs` may tolerate.
+const MAX_LEEWAY_SECS: u64 = 24 * 3600;
+
 /// When a connection must be closed unless something changes first, and how.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Deadline {
@@ -382,13 +394,16 @@ impl Access {
                 )));
             }
         }
-        let left = session.exp + auth.leeway_secs;
-        let left = Duration::from_secs(left.saturating_sub(unix_now()));
-        self.deadline.send_replace(Some(Deadline {
-            at: Instant::now() + left,
-            code: 4001,
-            reason: "token expired",
-        }));
+        // A signed `exp` may be any u64: saturate, and set no deadline for a token that outlives
+        // any connection (past a year), where Instant arithmetic could overflow.
+        let lapses = session.exp.saturating_add(auth.leeway_secs);
+        let left = Duration::from_secs(lapses.saturating_sub(unix_now()));
+        self.deadline
+            .send_replace((left <= FOREVER).then(|| Deadline {
+                at: Instant::now() + left,
+                code: 4001,
+                reason: "token expired",
+            }));
         let exp = session.exp;
         self.session = Some(session);
         Ok(Some(exp))
@@ -551,6 +566,33 @@ fn jwks_keys(document: &[u8]) -> anyhow::Result<Vec<Key>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_far_future_exp_does_not_overflow_the_deadline() {
+        let dir = std::env::temp_dir().join(format!("herald-auth-exp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = "unit-test-secret-unit-test-secret-0123";
+        std::fs::write(dir.join("secret"), secret).unwrap();
+        let config = AuthConfig {
+            hs256_secret_file: Some(dir.join("secret")),
+            ..AuthConfig::default()
+        };
+        let too_lenient = AuthConfig {
+            leeway_secs: u64::MAX,
+            ..config.clone()
+        };
+        assert!(Authenticator::from_config(&too_lenient).is_err());
+        let auth = Arc::new(Authenticator::from_config(&config).unwrap().unwrap());
+        let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+        for exp in [u64::MAX, u64::MAX / 2, 1 << 40] {
+            let claims = serde_json::json!({"exp": exp, "herald": {"sub": ["a"]}});
+            let token = jsonwebtoken::encode(&Default::default(), &claims, &key).unwrap();
+            let mut access = Access::new(Some(auth.clone()), Duration::from_secs(10));
+            assert_eq!(access.present(&token), Ok(Some(exp)));
+            assert_eq!(*access.deadline().borrow(), None, "exp {exp}: no deadline");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {
