@@ -370,3 +370,31 @@ async fn idle_clients_are_pinged_and_silent_ones_closed() {
     assert!(reader.await.unwrap().contains("pong"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn silent_and_idle_keep_alive_http_connections_are_closed() {
+    let config = Config {
+        limits: LimitsConfig {
+            handshake_timeout_secs: 1,
+            ..LimitsConfig::default()
+        },
+        ..Config::default()
+    };
+    let server = TestServer::start(config).await;
+    // Connects and never sends a byte.
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    // One complete request, then nothing (keep-alive).
+    let mut idle = TcpStream::connect(server.addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for (name, socket) in [("silent", &mut silent), ("idle", &mut idle)] {
+        let mut buf = Vec::new();
+        let ended =
+            tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut buf)).await;
+        assert!(ended.is_ok(), "{name} connection still open after 5 s");
+    }
+    assert!(started.elapsed() < Duration::from_secs(4));
+    server.stop().await;
+}
