@@ -245,6 +245,11 @@ impl<O: Outbox> Engine<O> {
             }),
             Request::Subscribe(s) => self.subscribe(conn, s, now_us).map(|()| None),
             Request::Unsubscribe { id, topic } => self.unsubscribe(conn, id, topic).map(|()| None),
+            Request::Auth { id, .. } => Err(ProtocolError::new(
+                "unknown_op",
+                "`auth` is answered by the server's network layer, not the engine",
+            )
+            .with_id(id)),
             Request::Ping { id } => {
                 self.reply(conn, &Reply::Pong { id });
                 Ok(None)

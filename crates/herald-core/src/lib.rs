@@ -8,6 +8,7 @@
 //! - [`outbox`]: a connection's bounded outbound queue.
 
 pub mod engine;
+pub mod grant;
 pub mod index;
 pub mod outbox;
 pub mod topic;

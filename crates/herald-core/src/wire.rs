@@ -47,6 +47,7 @@ pub enum OpCode {
     Text = 0x1,
     Binary = 0x2,
     Close = 0x8,
+    Ping = 0x9,
     Pong = 0xA,
 }
 
@@ -78,6 +79,12 @@ pub enum Request {
     Publish(Publish),
     Ping {
         id: Option<RequestId>,
+    },
+    /// Presents a token (the first message of a connection, or a refresh before it expires).
+    /// The network layer answers it; the engine never sees it.
+    Auth {
+        id: Option<RequestId>,
+        token: String,
     },
 }
 
@@ -143,6 +150,8 @@ struct RawRequest<'a> {
     snapshot: bool,
     #[serde(default)]
     since: HashMap<String, Position>,
+    #[serde(borrow, default)]
+    token: Option<Cow<'a, str>>,
 }
 
 /// Decodes a text frame: one JSON object.
@@ -235,7 +244,7 @@ fn into_request(
     let op = raw.op.as_deref().ok_or_else(|| {
         ProtocolError::new(
             "unknown_op",
-            "request has no `op` field; expected one of sub, unsub, pub, ping",
+            "request has no `op` field; expected one of sub, unsub, pub, ping, auth",
         )
         .with_id(id.clone())
     })?;
@@ -263,9 +272,13 @@ fn into_request(
             }))
         }
         "ping" => Ok(Request::Ping { id }),
+        "auth" => Ok(Request::Auth {
+            token: raw.token.ok_or_else(|| missing("token", op))?.into_owned(),
+            id,
+        }),
         other => Err(ProtocolError::new(
             "unknown_op",
-            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping"),
+            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping, auth"),
         )
         .with_id(id)),
     }
@@ -373,6 +386,13 @@ pub enum Reply {
     Pong {
         #[serde(skip_serializing_if = "Option::is_none")]
         id: Option<RequestId>,
+    },
+    /// A token was accepted; `exp` is when it lapses (UNIX seconds), absent if it never does.
+    Authed {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        exp: Option<u64>,
     },
     Dropped {
         topic: String,
@@ -522,6 +542,13 @@ mod tests {
         assert_eq!(
             decode_text(r#"{"op":"ping"}"#).unwrap(),
             Request::Ping { id: None }
+        );
+        assert_eq!(
+            decode_text(r#"{"op":"auth","id":1,"token":"a.b.c"}"#).unwrap(),
+            Request::Auth {
+                id: Some(1.into()),
+                token: "a.b.c".into()
+            }
         );
     }
 

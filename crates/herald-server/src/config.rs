@@ -1,6 +1,9 @@
 //! Server configuration: embedded defaults, then a TOML file, then `HERALD_*` environment
 //! variables, then command-line flags — each overriding the one before.
 
+use crate::auth::AuthConfig;
+use crate::limits::LimitsConfig;
+use crate::tls::TlsConfig;
 use anyhow::{bail, Context};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -26,6 +29,12 @@ pub struct Config {
     /// Per-topic history, first matching pattern wins; topics no rule matches keep only their
     /// last value.
     pub history: Vec<HistoryRule>,
+    /// Authentication and permissions (`[auth]`, docs/security.md); off unless a key is set.
+    pub auth: AuthConfig,
+    /// Limits against abusive clients (`[limits]`, docs/security.md).
+    pub limits: LimitsConfig,
+    /// TLS on the listener (`[tls]`); plain HTTP unless both paths are set.
+    pub tls: TlsConfig,
 }
 
 impl Default for Config {
@@ -39,6 +48,9 @@ impl Default for Config {
             max_connections: 10_000,
             shutdown_grace_secs: 5,
             history: engine.history,
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The HTTP surface: the WebSocket endpoint, publish over HTTP, health, metrics, the dashboard.
 
+use crate::auth::{Caller, Refused};
 use crate::node::Node;
 use crate::ws;
 use axum::body::{to_bytes, Body};
@@ -30,7 +31,10 @@ async fn dashboard() -> Html<&'static str> {
     Html(include_str!("index.html"))
 }
 
-async fn metrics(State(node): State<Arc<Node>>) -> Response {
+async fn metrics(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = require_admin(&node, &headers) {
+        return refusal;
+    }
     node.refresh_gauges();
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     (
@@ -54,6 +58,9 @@ async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if let Err(refusal) = authorize_publish(&node, &headers, &topic) {
+        return refusal;
+    }
     let limit = node.config.max_message_bytes;
     let too_large = || {
         node.count_error("message_too_large");
@@ -124,6 +131,51 @@ async fn not_found() -> Response {
         "no such endpoint; herald serves /, /ws, /healthz, /metrics and POST /api/publish/{topic}",
     );
     error(StatusCode::NOT_FOUND, e)
+}
+
+/// With auth on, admin endpoints need the admin API key (`Authorization: Bearer <key>`).
+#[allow(clippy::result_large_err)]
+pub fn require_admin(node: &Node, headers: &HeaderMap) -> Result<(), Response> {
+    let Some(auth) = &node.auth else {
+        return Ok(());
+    };
+    match auth.http_caller(headers) {
+        Ok(Caller::Admin) => Ok(()),
+        Ok(Caller::Token(_)) => Err(refuse(
+            node,
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this endpoint needs the admin API key, not a client token".into(),
+        )),
+        Err(Refused(why)) => Err(refuse(node, StatusCode::UNAUTHORIZED, "unauthorized", why)),
+    }
+}
+
+/// With auth on, publishing over HTTP needs the admin API key or a token granting the topic.
+#[allow(clippy::result_large_err)]
+fn authorize_publish(node: &Node, headers: &HeaderMap, topic: &str) -> Result<(), Response> {
+    let Some(auth) = &node.auth else {
+        return Ok(());
+    };
+    match auth.http_caller(headers) {
+        Ok(Caller::Admin) => Ok(()),
+        Ok(Caller::Token(s)) if s.grants.may_publish(topic) => Ok(()),
+        Ok(Caller::Token(s)) => Err(refuse(
+            node,
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "your token does not grant publishing to {topic:?}; it grants {:?}",
+                s.grants.publish
+            ),
+        )),
+        Err(Refused(why)) => Err(refuse(node, StatusCode::UNAUTHORIZED, "unauthorized", why)),
+    }
+}
+
+fn refuse(node: &Node, status: StatusCode, code: &'static str, why: String) -> Response {
+    node.count_error(code);
+    error(status, ProtocolError::new(code, why))
 }
 
 fn error(status: StatusCode, e: ProtocolError) -> Response {

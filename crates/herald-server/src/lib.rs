@@ -1,7 +1,12 @@
 //! herald's network layer: the only crate that touches sockets.
 //!
+//! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`jwks`]: fetching a JWKS document for [`auth`].
+//! - [`limits`]: per-IP and per-connection limits against abusive clients.
+//! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
+//! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
 //! - [`connection`]: a connection's outbound queue and its batching writer.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
@@ -10,11 +15,16 @@
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
 
+pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod http;
+pub mod jwks;
+pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod node;
+pub mod tls;
 pub mod ws;
 
 pub use config::Config;
@@ -40,10 +50,15 @@ impl Server {
                 config.listen
             )
         })?;
-        Ok(Server {
-            listener,
-            node: Node::new(config),
-        })
+        let node = Node::new(config)?;
+        if let Some(auth) = &node.auth {
+            // Start with the keys if the URL answers; the refresher retries if it does not.
+            if let Err(e) = auth.refresh_jwks().await {
+                tracing::error!(error = %format!("{e:#}"), "cannot fetch the JWKS; retrying every 10 s");
+            }
+            auth.spawn_jwks_refresh();
+        }
+        Ok(Server { listener, node })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -63,21 +78,21 @@ impl Server {
     ) -> anyhow::Result<()> {
         let node = self.node;
         tracing::info!(listen = %self.listener.local_addr()?, "herald serving");
+        if node.auth.is_none() {
+            tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
+        }
         let closing = node.clone();
-        // No Nagle: a small message must leave now, not wait for the previous one's ACK.
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        axum::serve(listener, http::router(node.clone()))
-            .with_graceful_shutdown(async move {
+        listener::serve(
+            self.listener,
+            node.clone(),
+            http::router(node.clone()),
+            async move {
                 shutdown.await;
                 tracing::info!("shutting down: closing connections");
                 closing.close_all();
-            })
-            .await
-            .context("HTTP server failed")?;
+            },
+        )
+        .await;
         node.sessions.close();
         let grace = Duration::from_secs(node.config.shutdown_grace_secs + 1);
         if tokio::time::timeout(grace, node.sessions.wait())

@@ -35,6 +35,14 @@ pub enum Disconnect {
     ProtocolError,
     IoError,
     Shutdown,
+    /// No valid token (4003).
+    Unauthorized,
+    /// The token lapsed without a refresh (4001).
+    TokenExpired,
+    /// Sent more frames or bytes per second than allowed (1008).
+    RateLimited,
+    /// Nothing arrived, not even a pong, for the idle timeout (1001).
+    Idle,
 }
 
 impl Disconnect {
@@ -47,6 +55,10 @@ impl Disconnect {
             Disconnect::ProtocolError => "protocol_error",
             Disconnect::IoError => "io_error",
             Disconnect::Shutdown => "shutdown",
+            Disconnect::Unauthorized => "unauthorized",
+            Disconnect::TokenExpired => "token_expired",
+            Disconnect::RateLimited => "rate_limited",
+            Disconnect::Idle => "idle",
         }
     }
 }

@@ -1,9 +1,12 @@
 //! The state one herald process shares between its connections: the engine behind its lock,
 //! the metrics, the live sessions.
 
+use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::connection::Connection;
+use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics};
+use crate::tls::Tls;
 use herald_core::engine::{Engine, Published};
 use herald_core::wire::{ProtocolError, Publish};
 use parking_lot::Mutex;
@@ -17,17 +20,27 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// Every WebSocket session, so shutdown can wait for their close frames to go out.
     pub sessions: TaskTracker,
+    /// Token verification; `None` when auth is off.
+    pub auth: Option<Arc<Authenticator>>,
+    /// Connections and connection attempts per source IP.
+    pub ip_limits: Arc<IpLimits>,
+    /// TLS on the listener; `None` for plain HTTP.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Node {
-    pub fn new(config: Config) -> Arc<Node> {
+    /// Fails when the configured auth keys cannot be loaded.
+    pub fn new(config: Config) -> anyhow::Result<Arc<Node>> {
         let engine = Engine::new(config.engine(), rand::random());
-        Arc::new(Node {
+        Ok(Arc::new(Node {
             engine: Mutex::new(engine),
             metrics: Arc::new(Metrics::default()),
             sessions: TaskTracker::new(),
+            auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
+            ip_limits: IpLimits::new(config.limits.clone()),
+            tls: Tls::from_config(&config.tls)?,
             config,
-        })
+        }))
     }
 
     /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).

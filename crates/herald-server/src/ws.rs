@@ -5,21 +5,25 @@
 //! `FragmentCollector`, which puts no limit on a message's total size across continuation frames.
 //! Outgoing frames never pass through the crate: they are pre-encoded and shared (see `wire`).
 
+use crate::auth::{self, Access, Admit, Deadline, Refused};
 use crate::connection::Connection;
+use crate::limits::Meter;
 use crate::metrics::{Disconnect, Reason};
 use crate::node::{now_us, Node};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use fastwebsockets::{OpCode, Payload, Role, WebSocketError};
 use herald_core::engine::ConnId;
-use herald_core::wire::{self, Reply};
+use herald_core::wire::{self, ProtocolError, Reply};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
 
 /// Bytes a frame may carry beyond `max_message_bytes`: room for a binary frame's JSON header.
 const HEADER_ALLOWANCE: usize = 64 << 10;
@@ -34,6 +38,10 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         )
             .into_response();
     }
+    if let Err(refusal) = check_origin(&node, &request) {
+        return refusal;
+    }
+    let token = presented_token(&request);
     let open = node.metrics.connections.get();
     if open >= node.config.max_connections as i64 {
         node.metrics
@@ -57,7 +65,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 match upgraded.await {
                     Ok(ws) => {
                         let (read, write) = tokio::io::split(ws.into_inner());
-                        run_session(session_node, read, write).await
+                        run_session(session_node, read, write, token).await
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "WebSocket upgrade did not complete");
@@ -75,13 +83,97 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
     }
 }
 
-async fn run_session<R, W>(node: Arc<Node>, read: R, write: W)
+/// Refuses a browser page whose `Origin` is not allowed (403). Clients that send no `Origin`
+/// (not browsers) pass: the rule protects users' browsers from other sites, not the server.
+#[allow(clippy::result_large_err)]
+fn check_origin(node: &Node, request: &Request) -> Result<(), Response> {
+    let Some(origin) = request.headers().get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let allowed = match &node.auth {
+        Some(auth) => auth.origin_allowed(origin, host),
+        None => auth::origin_allowed(&node.config.auth.allowed_origins, origin, host, true),
+    };
+    if allowed {
+        return Ok(());
+    }
+    node.metrics
+        .connections_refused
+        .get_or_create(&Reason { reason: "origin" })
+        .inc();
+    let msg = format!("origin {origin:?} is not allowed to connect (auth.allowed_origins)\n");
+    Err((StatusCode::FORBIDDEN, msg).into_response())
+}
+
+/// A token from `Authorization: Bearer …` or, for browsers that cannot set headers, `?token=`.
+fn presented_token(request: &Request) -> Option<String> {
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(auth::bearer)
+        .map(str::to_owned);
+    bearer.or_else(|| {
+        let query = request.uri().query()?;
+        url_form_pairs(query).find_map(|(k, v)| (k == "token").then_some(v))
+    })
+}
+
+/// `a=1&b=2` → pairs; `+` and `%XX` decoded (JWTs use neither, but a client may encode anyway).
+fn url_form_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    query.split('&').filter_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        Some((percent_decode(k), percent_decode(v)))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn run_session<R, W>(node: Arc<Node>, read: R, write: W, token: Option<String>)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let conn = Connection::new(node.config.max_outbound_bytes, node.metrics.clone());
     let id = node.engine.lock().connect(conn.clone());
+    let mut access = Access::new(node.auth.clone(), node.config.limits.handshake_timeout());
+    if let Some(token) = token {
+        if let Err(Refused(why)) = access.present(&token) {
+            node.count_error("unauthorized");
+            let error = ProtocolError::new("unauthorized", why);
+            conn.send_control(wire::encode_reply(&Reply::from(error)));
+            conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
+        }
+    }
+    let deadline = access.deadline();
+    let activity = Activity::default();
     // fastwebsockets wants a write half to pair with its reader; ours writes elsewhere.
     let (mut reader, _) =
         fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
@@ -90,7 +182,7 @@ where
     let writer = conn.run_writer(write, grace);
     tokio::pin!(writer);
     let why = tokio::select! {
-        why = read_requests(&node, id, &conn, &mut reader) => {
+        why = read_requests(&node, id, &conn, &mut reader, &mut access, &activity) => {
             let _ = writer.await;
             conn.close_reason().unwrap_or(why)
         }
@@ -99,10 +191,94 @@ where
             (Err(_), None) => Disconnect::IoError,
             (Ok(()), None) => Disconnect::ClientClosed,
         },
+        why = keepalive(&node, &conn, &activity) => {
+            let _ = writer.await;
+            conn.close_reason().unwrap_or(why)
+        }
+        deadline = lapsed(deadline) => {
+            let why = if deadline.code == 4001 { Disconnect::TokenExpired } else { Disconnect::Unauthorized };
+            conn.close(why, deadline.code, deadline.reason);
+            let _ = writer.await;
+            conn.close_reason().unwrap_or(why)
+        }
     };
     node.engine.lock().disconnect(id);
     node.metrics.disconnected(why);
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
+}
+
+/// When the client last sent anything, in ms since the session started.
+#[derive(Default)]
+struct Activity {
+    started: OnceInstant,
+    last_ms: AtomicU64,
+}
+
+/// `Instant::now()` at construction (a `Default` for [`Activity`]).
+struct OnceInstant(Instant);
+
+impl Default for OnceInstant {
+    fn default() -> Self {
+        OnceInstant(Instant::now())
+    }
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = self.started.0.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        let ms = self.started.0.elapsed().as_millis() as u64;
+        Duration::from_millis(ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Pings a quiet client every `ping_interval` and closes it (1001) once nothing, not even a
+/// pong, has arrived for `idle_timeout`. Never completes when both are 0.
+async fn keepalive(node: &Node, conn: &Connection, activity: &Activity) -> Disconnect {
+    let limits = &node.config.limits;
+    let idle = Duration::from_secs(limits.idle_timeout_secs);
+    let every = match (limits.ping_interval_secs, limits.idle_timeout_secs) {
+        (0, 0) => return std::future::pending().await,
+        (0, i) | (i, 0) => Duration::from_secs(i),
+        (p, i) => Duration::from_secs(p.min(i)),
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let quiet = activity.quiet_for();
+        if !idle.is_zero() && quiet >= idle {
+            let reason = format!("idle: nothing received for {} s", idle.as_secs());
+            conn.close(Disconnect::Idle, 1001, &reason);
+            return Disconnect::Idle;
+        }
+        if limits.ping_interval_secs > 0 && quiet >= every {
+            conn.send_control(wire::encode_control(wire::OpCode::Ping, b"herald"));
+        }
+    }
+}
+
+/// Completes when the connection's deadline (token expiry, or the time to authenticate) passes;
+/// a refresh moves it.
+async fn lapsed(mut deadline: watch::Receiver<Option<Deadline>>) -> Deadline {
+    loop {
+        let current = *deadline.borrow_and_update();
+        match current {
+            Some(d) => tokio::select! {
+                _ = tokio::time::sleep_until(d.at) => return d,
+                changed = deadline.changed() => if changed.is_err() { std::future::pending::<()>().await },
+            },
+            None => {
+                if deadline.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
 }
 
 fn frame_limit(node: &Node) -> usize {
@@ -115,7 +291,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
     id: ConnId,
     conn: &Arc<Connection>,
     reader: &mut fastwebsockets::WebSocketRead<R>,
+    access: &mut Access,
+    activity: &Activity,
 ) -> Disconnect {
+    let mut meter = Meter::new(&node.config.limits, Instant::now());
     let limit = frame_limit(node);
     // Pongs and the echo of a client's close, which the reader obliges us to send.
     let mut obliged = |frame: fastwebsockets::Frame| {
@@ -137,6 +316,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
         };
+        activity.touch();
+        if let Err(why) = meter.record(frame.payload.len(), Instant::now()) {
+            node.count_error("rate_limited");
+            let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
+            conn.send_control(wire::encode_reply(&Reply::from(error)));
+            conn.close(Disconnect::RateLimited, 1008, "rate limit exceeded");
+            return Disconnect::RateLimited;
+        }
         if !is_masked(&mut frame) {
             conn.close(
                 Disconnect::ProtocolError,
@@ -184,6 +371,22 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 continue;
             }
         };
+        match access.admit(&request) {
+            Admit::Pass => {}
+            Admit::Reply(reply) => {
+                if let Reply::Error { code, .. } = &reply {
+                    node.count_error(code);
+                }
+                conn.send_control(wire::encode_reply(&reply));
+                continue;
+            }
+            Admit::Close(reply) => {
+                node.count_error("unauthorized");
+                conn.send_control(wire::encode_reply(&reply));
+                conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
+                return Disconnect::Unauthorized;
+            }
+        }
         if let wire::Request::Publish(p) = &request {
             node.metrics.messages_in_ws.inc();
             node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);

@@ -4,6 +4,7 @@ use anyhow::{anyhow, bail, Context};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -24,12 +25,22 @@ pub enum Incoming {
     Closed(String),
 }
 
-pub async fn connect(url: &str) -> anyhow::Result<Socket> {
+/// Connects, presenting `token` (if any) as `Authorization: Bearer`.
+pub async fn connect(url: &str, token: Option<&str>) -> anyhow::Result<Socket> {
+    let mut request = url
+        .into_client_request()
+        .with_context(|| format!("{url} is not a WebSocket URL (ws://host:port/ws)"))?;
+    if let Some(token) = token {
+        let value = format!("Bearer {token}")
+            .parse()
+            .context("the token is not valid in an HTTP header")?;
+        request.headers_mut().insert("authorization", value);
+    }
     let mut config = WebSocketConfig::default();
     // Images may be large: let the server's own limit decide.
     config.max_message_size = Some(1 << 30);
     config.max_frame_size = Some(1 << 30);
-    let (socket, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
+    let (socket, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .with_context(|| {
             format!("cannot connect to {url}; is herald running there? (set --url or HERALD_URL)")

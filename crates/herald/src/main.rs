@@ -3,12 +3,14 @@
 //! - `serve` ([`serve`]): run a herald node.
 //! - `pub` ([`publish`]) and `sub` ([`subscribe`]): command-line clients in the style of
 //!   `nats pub/sub` and `mosquitto_pub/sub`, over the native protocol ([`client`]).
+//! - `token` ([`token`]): mint an HS256 token for a server with auth on.
 //! - `bench`: the load generator and scenario runner (crate `herald-bench`).
 
 mod client;
 mod publish;
 mod serve;
 mod subscribe;
+mod token;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -28,6 +30,8 @@ enum Command {
     Pub(publish::PubArgs),
     /// Subscribe to topics or patterns and print what arrives
     Sub(subscribe::SubArgs),
+    /// Print a signed HS256 token granting topic patterns (for servers with auth on)
+    Token(token::TokenArgs),
     /// Run a load scenario against herald (see docs/bench.md)
     Bench(Box<herald_bench::BenchArgs>),
 }
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Pub(args) => publish::run(args).await,
             Command::Sub(args) => subscribe::run(args).await,
+            Command::Token(args) => token::run(args),
             Command::Bench(args) => herald_bench::run(*args).await,
         }
     });

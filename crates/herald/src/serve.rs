@@ -40,6 +40,46 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "AuthOverrides::is_empty")]
+    auth: AuthOverrides,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "TlsOverrides::is_empty")]
+    tls: TlsOverrides,
+}
+
+/// Flags for the `[tls]` section.
+#[derive(Args, Serialize)]
+struct TlsOverrides {
+    /// Serve TLS with this PEM certificate chain (tls.cert_file; needs --tls-key-file)
+    #[arg(long = "tls-cert-file", value_name = "FILE", requires = "key_file")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cert_file: Option<PathBuf>,
+    /// The certificate's PEM private key (tls.key_file)
+    #[arg(long = "tls-key-file", value_name = "FILE", requires = "cert_file")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_file: Option<PathBuf>,
+}
+
+impl TlsOverrides {
+    fn is_empty(&self) -> bool {
+        self.cert_file.is_none() && self.key_file.is_none()
+    }
+}
+
+/// Flags for the `[auth]` section.
+#[derive(Args, Serialize)]
+struct AuthOverrides {
+    /// Turn authentication on: verify HS256 tokens with the secret in this file (auth.hs256_secret_file)
+    #[arg(long = "auth-hs256-secret-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hs256_secret_file: Option<PathBuf>,
+}
+
+impl AuthOverrides {
+    fn is_empty(&self) -> bool {
+        self.hs256_secret_file.is_none()
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]

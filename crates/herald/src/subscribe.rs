@@ -27,10 +27,13 @@ pub struct SubArgs {
     /// herald's WebSocket URL
     #[arg(long, env = "HERALD_URL", default_value = "ws://127.0.0.1:8080/ws")]
     url: String,
+    /// Token to present when herald has authentication on (see `herald token`)
+    #[arg(long, env = "HERALD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 pub async fn run(args: SubArgs) -> anyhow::Result<()> {
-    let mut socket = client::connect(&args.url).await?;
+    let mut socket = client::connect(&args.url, args.token.as_deref()).await?;
     for (id, pattern) in args.patterns.iter().enumerate() {
         let request = json!({"op": "sub", "id": id, "topic": pattern, "snapshot": args.snapshot});
         client::send_json(&mut socket, &request).await?;

@@ -11,10 +11,17 @@ const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 struct Serve {
     child: Child,
     port: u16,
+    /// The admin API key `/metrics` needs when auth is on.
+    admin_key: Option<String>,
 }
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with(&[], None)
+    }
+
+    /// `herald serve` with extra arguments; `admin_key` is the key those arguments configure.
+    fn start_with(extra: &[&str], admin_key: Option<&str>) -> Serve {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -22,6 +29,7 @@ impl Serve {
             .port();
         let child = Command::new(HERALD)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -33,7 +41,11 @@ impl Serve {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Serve { child, port }
+        Serve {
+            child,
+            port,
+            admin_key: admin_key.map(str::to_owned),
+        }
     }
 
     fn url(&self) -> String {
@@ -71,6 +83,17 @@ impl Serve {
     }
 }
 
+/// Runs `cmd`, which must succeed (its stderr is shown if not).
+fn succeed(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
@@ -95,10 +118,12 @@ fn start_sub(serve: &Serve, args: &[&str]) -> (Child, BufReader<std::process::Ch
 }
 
 fn subscriptions(serve: &Serve) -> u64 {
-    let out = Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{}/metrics", serve.port)])
-        .output()
-        .unwrap();
+    let mut curl = Command::new("curl");
+    curl.args(["-s", &format!("http://127.0.0.1:{}/metrics", serve.port)]);
+    if let Some(key) = &serve.admin_key {
+        curl.args(["-H", &format!("Authorization: Bearer {key}")]);
+    }
+    let out = curl.output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix("herald_subscriptions "))
@@ -188,6 +213,132 @@ fn refusals_print_the_server_error_and_exit_non_zero() {
 }
 
 #[test]
+fn tokens_from_herald_token_open_exactly_what_they_grant() {
+    let dir = std::env::temp_dir().join(format!("herald-cli-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::write(dir.join("admin"), "cli-admin-key").unwrap();
+    let config = dir.join("herald.toml");
+    let admin = dir.join("admin");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\nadmin_api_key_file = {:?}\n",
+            admin.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start_with(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--auth-hs256-secret-file",
+            secret.to_str().unwrap(),
+        ],
+        Some("cli-admin-key"),
+    );
+    let mint = |grants: &[&str]| {
+        let out = succeed(
+            Command::new(HERALD)
+                .args([
+                    "token",
+                    "--secret-file",
+                    secret.to_str().unwrap(),
+                    "--ttl",
+                    "60",
+                ])
+                .args(grants),
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let reader = mint(&["--sub", "quotes/fx/>", "news/*"]);
+    let writer = mint(&["--pub", "quotes/fx/>"]);
+
+    let (mut sub, stdout) = start_sub(&serve, &["quotes/fx/EURUSD", "-n", "1", "--token", &reader]);
+    let status = serve
+        .herald(&["pub", "quotes/fx/EURUSD", "1.09"])
+        .env("HERALD_TOKEN", &writer)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(stdout.lines().next().unwrap().unwrap(), "1.09");
+    assert!(sub.wait().unwrap().success());
+
+    let refused = |args: &[&str], token: Option<&str>, expect: &str| {
+        let mut cmd = serve.herald(args);
+        if let Some(token) = token {
+            cmd.env("HERALD_TOKEN", token);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    };
+    refused(&["sub", "quotes/>", "-n", "1"], Some(&reader), "forbidden");
+    refused(&["pub", "quotes/eq/X", "1"], Some(&writer), "forbidden");
+    refused(&["pub", "quotes/fx/X", "1"], Some(&reader), "forbidden");
+    refused(&["sub", "quotes/fx/X", "-n", "1"], None, "unauthorized");
+    refused(
+        &["sub", "quotes/fx/X", "-n", "1"],
+        Some("not.a.token"),
+        "unauthorized",
+    );
+    let logs = serve.stop();
+    assert!(!logs.contains("authentication is OFF"), "{logs}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn serve_speaks_tls_with_the_tls_flags() {
+    let dir = std::env::temp_dir().join(format!("herald-cli-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    succeed(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-subj", "/CN=localhost", "-days", "1"])
+            .args([
+                "-keyout",
+                key.to_str().unwrap(),
+                "-out",
+                cert.to_str().unwrap(),
+            ]),
+    );
+    let serve = Serve::start_with(
+        &[
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+        ],
+        None,
+    );
+    let out = Command::new("curl")
+        .args(["-s", "--cacert", cert.to_str().unwrap()])
+        .args(["--resolve", &format!("localhost:{}:127.0.0.1", serve.port)])
+        .arg(format!("https://localhost:{}/healthz", serve.port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    serve.stop();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn serve_warns_that_auth_is_off_by_default() {
+    let logs = Serve::start().stop();
+    assert!(logs.contains("authentication is OFF"), "{logs}");
+}
+
+#[test]
 fn unreachable_server_is_a_clear_error() {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -240,6 +391,7 @@ fn every_command_has_help() {
         &["pub", "--help"],
         &["sub", "--help"],
         &["bench", "--help"],
+        &["token", "--help"],
     ] {
         let out = Command::new(HERALD).args(cmd).output().unwrap();
         assert!(out.status.success(), "{cmd:?}");

@@ -1,0 +1,187 @@
+//! The accept loop, wired by hand rather than through `axum::serve` so that herald decides what
+//! happens between `accept()` and the first byte of HTTP: per-IP limits, TCP_NODELAY, a deadline
+//! on the request headers (slowloris), and graceful shutdown of plain HTTP connections.
+//! WebSocket connections leave hyper when upgraded; `Node::sessions` tracks those.
+
+use crate::limits::IpGuard;
+use crate::metrics::Reason;
+use crate::node::Node;
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+/// Serves `router` on `listener` until `shutdown` completes; then asks open HTTP connections to
+/// finish (bounded by the shutdown grace).
+pub async fn serve(
+    listener: TcpListener,
+    node: Arc<Node>,
+    router: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    if let Some(tls) = &node.tls {
+        if let Err(e) = tls.reload_on_sighup() {
+            tracing::warn!(error = %format!("{e:#}"), "TLS certificates will not reload on SIGHUP");
+        }
+    }
+    let (stop, stopping) = watch::channel(false);
+    let connections = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, typically: back off rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let guard = match node.ip_limits.admit(peer.ip(), Instant::now()) {
+            Ok(guard) => guard,
+            Err(refusal) => {
+                node.metrics
+                    .connections_refused
+                    .get_or_create(&Reason {
+                        reason: refusal.label(),
+                    })
+                    .inc();
+                continue; // dropping the socket closes it
+            }
+        };
+        // No Nagle: a small message must leave now, not wait for the previous one's ACK.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        let service = TowerToHyperService::new(router.clone());
+        let timeout = node.config.limits.handshake_timeout();
+        let mut stopping = stopping.clone();
+        let tls = node.tls.as_ref().map(|tls| tls.acceptor());
+        connections.spawn(async move {
+            let stream = match tls {
+                None => Stream::Plain(tcp),
+                Some(acceptor) => {
+                    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => Stream::Tls(Box::new(tls)),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return, // slow TLS handshake: the same deadline as headers
+                    }
+                }
+            };
+            let io = Guarded {
+                io: stream,
+                _guard: guard,
+            };
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout);
+            let conn = builder
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                result = conn.as_mut() => result,
+                _ = stopping.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+    let _ = stop.send(true);
+    connections.close();
+    let grace = Duration::from_secs(node.config.shutdown_grace_secs);
+    let _ = tokio::time::timeout(grace, connections.wait()).await;
+}
+
+/// The connection's byte stream: plain TCP or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// A stream that holds its source IP's connection slot until it is dropped, which, for an
+/// upgraded WebSocket, is when the session ends.
+struct Guarded {
+    io: Stream,
+    _guard: IpGuard,
+}
+
+/// Evaluates `$call` with `$io` bound to whichever stream `$self` holds, pinned.
+macro_rules! each {
+    ($self:ident, $io:ident => $call:expr) => {
+        match &mut $self.io {
+            Stream::Plain($io) => {
+                let $io = Pin::new($io);
+                $call
+            }
+            Stream::Tls($io) => {
+                let $io = Pin::new($io.as_mut());
+                $call
+            }
+        }
+    };
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        each!(self, io => io.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, io => io.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, io => io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Stream::Plain(io) => io.is_write_vectored(),
+            Stream::Tls(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, io => io.poll_flush(cx))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, io => io.poll_shutdown(cx))
+    }
+}

@@ -1,0 +1,125 @@
+"""Third-party test of herald's authentication (docs/security.md, docs/protocol.md "Auth").
+
+Tokens are made with PyJWT, not with herald's own code, so both sides of the contract are
+checked: what a standard JWT library signs, herald accepts, and grants are enforced as written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+
+import jwt
+import pytest
+import requests
+from websockets.asyncio.client import connect as ws_connect
+
+from test_protocol import (
+    STEP,
+    Herald,
+    assert_alive,
+    expect_close,
+    publish,
+    recv_json,
+    recv_msg,
+    run_async,
+    send_json,
+    subscribe,
+)
+
+SECRET = "python-test-secret-at-least-32-bytes!"
+ADMIN = "python-admin-key"
+
+
+@pytest.fixture(scope="module")
+def secured():
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = os.path.join(tmp, "secret")
+        admin = os.path.join(tmp, "admin")
+        config = os.path.join(tmp, "herald.toml")
+        with open(secret, "w") as f:
+            f.write(SECRET + "\n")
+        with open(admin, "w") as f:
+            f.write(ADMIN)
+        with open(config, "w") as f:
+            f.write(f'[auth]\nadmin_api_key_file = "{admin}"\naudience = "py"\nleeway_secs = 0\n')
+        server = Herald("--config", config, "--auth-hs256-secret-file", secret)
+        yield server
+        server.stop_and_check()
+
+
+def token(sub=(), pub=(), ttl=60, key=SECRET, alg="HS256", **claims) -> str:
+    body = {"sub": "py", "aud": "py", "exp": int(time.time()) + ttl, "herald": {"sub": list(sub), "pub": list(pub)}}
+    body.update(claims)
+    return jwt.encode(body, key, algorithm=alg)
+
+
+async def connect(server: Herald, query: str = "", bearer: str | None = None):
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else None
+    return await asyncio.wait_for(ws_connect(server.ws_url + query, additional_headers=headers), STEP)
+
+
+@run_async
+async def test_pyjwt_tokens_grant_exactly_their_patterns(secured):
+    reader = await connect(secured, f"?token={token(sub=['quotes/fx/>'])}")
+    await subscribe(reader, "quotes/fx/EURUSD", id=1)
+    for wider in ["quotes/>", ">", "*/>", "quotes/*/EURUSD", "orders/>"]:
+        await send_json(reader, {"op": "sub", "id": 2, "topic": wider})
+        reply = await recv_json(reader)
+        assert (reply["op"], reply["code"], reply["id"]) == ("error", "forbidden", 2), reply
+    await assert_alive(reader)
+
+    writer = await connect(secured, bearer=token(pub=["quotes/fx/>"]))
+    await publish(writer, "quotes/fx/EURUSD", "1.0842", id=1)
+    assert (await recv_msg(reader))["data"] == "1.0842"
+    await send_json(writer, {"op": "pub", "id": 2, "topic": "quotes/eq/X", "data": "1"})
+    assert (await recv_json(writer))["code"] == "forbidden"
+
+    late = await connect(secured)
+    await send_json(late, {"op": "auth", "id": 9, "token": token(sub=["news/*"])})
+    authed = await recv_json(late)
+    assert authed["op"] == "authed" and authed["id"] == 9 and authed["exp"] > time.time(), authed
+    await subscribe(late, "news/today")
+    for ws in (reader, writer, late):
+        await ws.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        token(ttl=-10),
+        token(key="a-different-secret-a-different-secret"),
+        token(aud="elsewhere"),
+        jwt.encode({"exp": int(time.time()) + 60, "aud": "py", "herald": {"sub": [">"]}}, None, algorithm="none"),
+        token(sub=["a"])[:-3] + "AAA",
+    ],
+    ids=["expired", "wrong-key", "wrong-aud", "alg-none", "tampered"],
+)
+@run_async
+async def test_bad_tokens_are_unauthorized_4003(secured, bad):
+    ws = await connect(secured, f"?token={bad}")
+    reply = await recv_json(ws)
+    assert (reply["op"], reply["code"]) == ("error", "unauthorized"), reply
+    assert await expect_close(ws) == (4003, "unauthorized")
+
+
+@run_async
+async def test_expiry_closes_4001(secured):
+    ws = await connect(secured, bearer=token(sub=["a/>"], ttl=1))
+    await subscribe(ws, "a/b")
+    assert await asyncio.wait_for(expect_close(ws), 6) == (4001, "token expired")
+
+
+def test_http_publish_and_metrics_need_credentials(secured):
+    url = f"{secured.http}/api/publish/orders/1"
+    assert requests.post(url, data=b"x", timeout=STEP).status_code == 401
+    granted = {"Authorization": f"Bearer {token(pub=['orders/>'])}"}
+    assert requests.post(url, data=b"x", headers=granted, timeout=STEP).status_code == 200
+    other = {"Authorization": f"Bearer {token(pub=['news/>'])}"}
+    r = requests.post(url, data=b"x", headers=other, timeout=STEP)
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"
+    assert requests.get(f"{secured.http}/metrics", timeout=STEP).status_code == 401
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    assert requests.get(f"{secured.http}/metrics", headers=admin, timeout=STEP).status_code == 200
