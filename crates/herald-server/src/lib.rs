@@ -4,6 +4,8 @@
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
 //! - [`connection`]: a connection's outbound queue and its batching writer.
+//! - [`dashboard`]: the live dashboard at `/` (assets compiled in).
+//! - [`introspect`]: `GET /api/stats` and `GET /api/topics` (JSON) for the dashboard.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //!
@@ -12,7 +14,9 @@
 
 pub mod config;
 pub mod connection;
+pub mod dashboard;
 pub mod http;
+pub mod introspect;
 pub mod metrics;
 pub mod node;
 pub mod ws;

@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::connection::Connection;
+use crate::introspect::Introspection;
 use crate::metrics::{Disconnect, Metrics};
 use herald_core::engine::{Engine, Published};
 use herald_core::wire::{ProtocolError, Publish};
@@ -17,6 +18,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// Every WebSocket session, so shutdown can wait for their close frames to go out.
     pub sessions: TaskTracker,
+    /// What `/api/stats` and `/api/topics` remember between requests.
+    pub introspection: Introspection,
 }
 
 impl Node {
@@ -26,6 +29,7 @@ impl Node {
             engine: Mutex::new(engine),
             metrics: Arc::new(Metrics::default()),
             sessions: TaskTracker::new(),
+            introspection: Introspection::default(),
             config,
         })
     }
