@@ -50,6 +50,7 @@ function watch() {
   const pattern = /** @type {HTMLInputElement} */ ($("i-topic")).value.trim();
   sub?.unsubscribe();
   received = drawn = skipped = dropped = 0;
+  canvas.dataset.received = canvas.dataset.drawn = "0";
   // An image stream should skip to the newest image rather than fall behind: conflate where
   // herald supports it (herald ignores the field where it does not).
   sub = client.subscribe(pattern, onImage, { snapshot: true, policy: "conflate" });
@@ -60,6 +61,7 @@ function watch() {
 function onImage(m) {
   if (typeof m.data === "string") return; // not an image
   received++;
+  canvas.dataset.received = String(received); // exact and current, for scripts (the table lags)
   if (pending) skipped++;
   pending = m;
 }
@@ -73,11 +75,13 @@ function frame() {
   const t0 = performance.now();
   draw(m).then(
     () => {
+      const now = performance.now();
+      $("i-ms").textContent = `${(now - t0).toFixed(1)} ms`;
+      if (m === shown) return; // redrawn for a new scale or colour map: not a new frame
       shown = m;
       drawn++;
-      const now = performance.now();
+      canvas.dataset.drawn = String(drawn);
       drawTimes.push(now);
-      $("i-ms").textContent = `${(now - t0).toFixed(1)} ms`;
     },
     (e) => {
       $("i-type").textContent = `cannot display: ${e.message}`;

@@ -110,8 +110,8 @@ function row(node, depth) {
   }
   const watch = document.createElement("a");
   watch.href = "#live";
-  watch.textContent = " watch";
-  watch.className = "muted";
+  watch.textContent = "watch";
+  watch.className = "watch";
   watch.addEventListener("click", (e) => {
     e.preventDefault();
     dispatchEvent(new CustomEvent("herald:watch", { detail: node.children.size ? `${node.path}/>` : node.path }));
