@@ -17,7 +17,7 @@ import { connect } from "../src/herald-client.js";
 const SIZES = (process.env.SIZES ?? "512,1024,2048").split(",").map(Number);
 const WARMUP_S = 2;
 const MEASURE_S = Number(process.env.MEASURE_S ?? 10);
-const IN_FLIGHT = 3;
+const IN_FLIGHT = Number(process.env.IN_FLIGHT ?? 3);
 
 const herald = await Herald.start(["--max-outbound-bytes", String(256 << 20)]);
 const browser = await chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS });
