@@ -246,6 +246,7 @@ test("lossless: credit goes out only after an async handler finished", async (t)
   const errors = [];
   c.on("error", (e) => errors.push(e));
   // Probe whether this herald knows `credit` (issue 5 adds it).
+  await c.whenOpen();
   c.ws?.send(JSON.stringify({ op: "credit", topic: "sdk/probe", n: 1 }));
   await c.ping();
   if (!errors.some((e) => e.code === "unknown_op")) {

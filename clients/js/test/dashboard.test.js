@@ -87,7 +87,7 @@ test("the live view stays responsive at 10,000 msg/s and counts what it does not
     await c.whenOpen();
     const start = Date.now();
     let sent = 0;
-    // About 10,000 msg/s for two seconds, while the page is asked to answer every 100 ms.
+    // About 10,000 msg/s for two seconds.
     const publishing = (async () => {
       while (Date.now() - start < 2000) {
         for (let i = 0; i < 100; i++) c.publish("demo/flood", String(sent++), { ack: false });
@@ -95,21 +95,30 @@ test("the live view stays responsive at 10,000 msg/s and counts what it does not
       }
       await c.ping();
     })();
-    let slowest = 0;
-    while (Date.now() - start < 2000) {
-      const t0 = Date.now();
-      await page.evaluate(() => 1);
-      slowest = Math.max(slowest, Date.now() - t0);
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    // The page's own event-loop lag: a 50 ms timer that fires late means the page was busy.
+    await page.evaluate(() => {
+      const w = /** @type {any} */ (window);
+      w.lag = 0;
+      let last = performance.now();
+      w.lagTimer = setInterval(() => {
+        const now = performance.now();
+        w.lag = Math.max(w.lag, now - last - 50);
+        last = now;
+      }, 50);
+    });
     await publishing;
+    const slowest = await page.evaluate(() => {
+      const w = /** @type {any} */ (window);
+      clearInterval(w.lagTimer);
+      return Math.round(w.lag);
+    });
     await page.waitForFunction((n) => {
       const v = (id) => Number(document.getElementById(id)?.textContent?.replace(/,/g, "").replace(/k$/, "e3"));
       return v("l-received") >= n;
     }, sent, { timeout: 10_000 });
     const rows = await page.locator("#l-body tr").count();
     assert.ok(rows <= 100, `at most 100 rows rendered (got ${rows})`);
-    assert.ok(slowest < 1000, `the page answered within 1 s throughout (slowest ${slowest} ms)`);
+    assert.ok(slowest < 1000, `the page's event loop never stalled for 1 s (worst lag ${slowest} ms)`);
     const skipped = Number((await text("l-skipped")).replace(/,/g, "").replace(/k$/, "e3"));
     assert.ok(skipped > sent / 2, `most messages were counted, not rendered (${skipped} of ${sent})`);
   } finally {
@@ -126,7 +135,8 @@ test("a FITS image published over HTTP is drawn on the canvas", { skip }, async 
   const fits = writeFits(64, 48, 16, (x, y) => (x === 0 && y === 0 ? 30000 : x * 100 - 3000), { BZERO: 0, OBJECT: "ramp" });
   const r = await herald.publishHttp("camera/1/raw", fits, "image/fits");
   assert.equal(r.status, 200);
-  await page.waitForFunction(() => document.getElementById("i-drawn")?.textContent === "1");
+  await page.waitForFunction(() => Number(document.getElementById("i-canvas")?.dataset.drawn) >= 1);
+  assert.equal(await page.locator("#i-canvas").getAttribute("data-drawn"), "1", "one image, drawn once");
   const px = await page.evaluate(() => {
     const c = /** @type {HTMLCanvasElement} */ (document.getElementById("i-canvas"));
     const d = /** @type {CanvasRenderingContext2D} */ (c.getContext("2d")).getImageData(0, 0, c.width, c.height);
@@ -145,8 +155,8 @@ test("a FITS image published over HTTP is drawn on the canvas", { skip }, async 
   assert.equal(await text("i-type"), "FITS, BITPIX 16");
   // Another scale redraws the frame on screen; it is not counted as a new frame.
   await page.selectOption("#i-scale", "zscale");
-  await page.waitForFunction(() => !document.getElementById("i-range")?.textContent?.startsWith("-3000"));
-  assert.equal(await text("i-drawn"), "1");
+  await page.waitForTimeout(500);
+  assert.equal(await page.locator("#i-canvas").getAttribute("data-drawn"), "1");
 });
 
 test("a 32-bit float FITS image is drawn with the colour map", { skip }, async () => {
