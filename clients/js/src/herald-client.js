@@ -649,8 +649,13 @@ export class HeraldClient {
     for (const [pattern, subs] of this.patterns) {
       if (!topicMatches(pattern, m.topic)) continue;
       for (const sub of subs) {
-        if (!sub.accept(m)) continue;
-        if (sub.options.policy === "lossless") {
+        const lossless = sub.options.policy === "lossless";
+        if (!sub.accept(m)) {
+          // A repeat herald still counted against the window: grant it back, in order.
+          if (lossless) sub.tail = sub.tail.then(() => this.credit(sub));
+          continue;
+        }
+        if (lossless) {
           sub.tail = sub.tail.then(() => this.run(sub, m)).then(() => this.credit(sub));
         } else {
           void this.run(sub, m);
