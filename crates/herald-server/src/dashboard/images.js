@@ -8,6 +8,13 @@ import { count, bytes } from "./format.js";
 import { topicMatches } from "./herald-client.js";
 
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
+/** Writes text only when it changed: at tens of frames per second, every DOM write costs a
+ * style and layout pass on the thread that also decodes and receives.
+ * @param {string} id @param {string} text */
+const setText = (id, text) => {
+  const el = $(id);
+  if (el.textContent !== text) el.textContent = text;
+};
 const canvas = /** @type {HTMLCanvasElement} */ (document.getElementById("i-canvas"));
 const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
 
@@ -25,6 +32,8 @@ let received = 0, drawn = 0, skipped = 0, dropped = 0;
 const drawTimes = [];
 /** @type {ImageData | null} */
 let imageData = null;
+/** How long the last draw took (decode, scale, paint). */
+let drawMs = NaN;
 
 /** @param {import("./herald-client.js").HeraldClient} c */
 export function init(c) {
@@ -54,7 +63,7 @@ function watch() {
   // An image stream should skip to the newest image rather than fall behind: conflate where
   // herald supports it (herald ignores the field where it does not).
   sub = client.subscribe(pattern, onImage, { snapshot: true, policy: "conflate" });
-  sub.ready.catch((e) => ($("i-type").textContent = `cannot watch: ${e.message}`));
+  sub.ready.catch((e) => (setText("i-type", `cannot watch: ${e.message}`)));
 }
 
 /** @param {import("./herald-client.js").Message} m */
@@ -76,7 +85,7 @@ function frame() {
   draw(m).then(
     () => {
       const now = performance.now();
-      $("i-ms").textContent = `${(now - t0).toFixed(1)} ms`;
+      drawMs = now - t0;
       if (m === shown) return; // redrawn for a new scale or colour map: not a new frame
       shown = m;
       drawn++;
@@ -84,7 +93,7 @@ function frame() {
       drawTimes.push(now);
     },
     (e) => {
-      $("i-type").textContent = `cannot display: ${e.message}`;
+      setText("i-type", `cannot display: ${e.message}`);
     },
   ).finally(() => (busy = false));
 }
@@ -92,7 +101,7 @@ function frame() {
 /** @param {import("./herald-client.js").Message} m */
 async function draw(m) {
   const data = /** @type {Uint8Array} */ (m.data);
-  $("i-topic-shown").textContent = m.topic;
+  setText("i-topic-shown", m.topic);
   if (isFits(data) || /fits/i.test(m.ct ?? "")) {
     const f = parseFits(data);
     const mode = /** @type {"linear" | "zscale"} */ (/** @type {HTMLSelectElement} */ ($("i-scale")).value);
@@ -102,19 +111,19 @@ async function draw(m) {
     const cmap = colourMap(/** @type {any} */ (/** @type {HTMLSelectElement} */ ($("i-cmap")).value));
     paint(f, data, range, cmap, new Uint32Array(imageData.data.buffer));
     ctx.putImageData(imageData, 0, 0);
-    $("i-size").textContent = `${f.width} × ${f.height}, ${bytes(data.byteLength)}`;
-    $("i-type").textContent = `FITS, BITPIX ${f.bitpix}`;
-    $("i-range").textContent = `${fmt(range[0])} … ${fmt(range[1])}`;
-    $("i-header").textContent = f.cards.join("\n");
+    setText("i-size", `${f.width} × ${f.height}, ${bytes(data.byteLength)}`);
+    setText("i-type", `FITS, BITPIX ${f.bitpix}`);
+    setText("i-range", `${fmt(range[0])} … ${fmt(range[1])}`);
+    setText("i-header", f.cards.join("\n"));
     return;
   }
   const bitmap = await createImageBitmap(new Blob([data], { type: m.ct ?? "" }));
   resize(bitmap.width, bitmap.height);
   ctx.drawImage(bitmap, 0, 0);
   bitmap.close();
-  $("i-size").textContent = `${canvas.width} × ${canvas.height}, ${bytes(data.byteLength)}`;
-  $("i-type").textContent = m.ct ?? "image";
-  $("i-range").textContent = "–";
+  setText("i-size", `${canvas.width} × ${canvas.height}, ${bytes(data.byteLength)}`);
+  setText("i-type", m.ct ?? "image");
+  setText("i-range", "–");
 }
 
 /** @param {number} v */
@@ -134,6 +143,7 @@ function stats() {
   const now = performance.now();
   while (drawTimes.length && drawTimes[0] < now - 1000) drawTimes.shift();
   $("i-fps").textContent = String(drawTimes.length);
+  if (!Number.isNaN(drawMs)) $("i-ms").textContent = `${drawMs.toFixed(1)} ms`;
   $("i-received").textContent = count(received);
   $("i-drawn").textContent = count(drawn);
   $("i-skipped").textContent = count(skipped);
