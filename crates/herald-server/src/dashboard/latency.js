@@ -39,17 +39,19 @@ export function init(c) {
     render();
   });
   subscribe();
-  schedule();
   setInterval(render, 500);
 }
 
 export function show() {
   visible = true;
+  schedule();
   render();
 }
 
+/** Probing stops while the view is hidden: no load on herald nobody is looking at. */
 export function hide() {
   visible = false;
+  clearInterval(timer);
 }
 
 function subscribe() {
@@ -59,7 +61,7 @@ function subscribe() {
 
 function schedule() {
   clearInterval(timer);
-  if (!running) return;
+  if (!running || !visible) return;
   const rate = Math.min(1000, Math.max(1, Number(/** @type {HTMLInputElement} */ ($("lat-rate")).value) || 20));
   timer = setInterval(probe, 1000 / rate);
 }
