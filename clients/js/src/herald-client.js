@@ -273,7 +273,7 @@ export class HeraldClient {
     this.credits = new Map();
     /** Listeners by event name (typed at `on`). @type {Map<string, Set<(e: any) => void>>} */
     this.listeners = new Map();
-    /** @type {Array<() => void>} */
+    /** Requests waiting for the connection. @type {Array<{resolve: () => void, reject: (e: HeraldError) => void}>} */
     this.waitingForOpen = [];
     /** @type {any} */
     this.retryTimer = null;
@@ -339,7 +339,16 @@ export class HeraldClient {
       u.searchParams.set("token", token);
       url = u.toString();
     }
-    const ws = new this.WebSocket(url);
+    /** @type {WebSocket} */
+    let ws;
+    try {
+      ws = new this.WebSocket(url);
+    } catch (e) {
+      // A malformed URL never gets better by retrying.
+      this.emit("error", new HeraldError("bad_url", `cannot open a WebSocket to ${url}: ${e}`));
+      this.setState("closed");
+      return this.failWaiting();
+    }
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     ws.onopen = () => this.opened(ws, token);
@@ -368,7 +377,7 @@ export class HeraldClient {
     }
     for (const [pattern, subs] of this.patterns) this.sendSubscribe(pattern, subs, reconnected);
     this.setState("open");
-    for (const go of this.waitingForOpen.splice(0)) go();
+    for (const w of this.waitingForOpen.splice(0)) w.resolve();
   }
 
   /**
@@ -427,7 +436,7 @@ export class HeraldClient {
       this.pending.delete(id);
       p.reject(new HeraldError("closed", "the client is closed"));
     }
-    this.waitingForOpen.splice(0);
+    for (const w of this.waitingForOpen.splice(0)) w.reject(new HeraldError("closed", "the client is closed"));
   }
 
   /** Closes the connection for good: no reconnect; pending requests fail with `closed`. */
@@ -445,7 +454,7 @@ export class HeraldClient {
   whenOpen() {
     if (this.state === "open") return Promise.resolve();
     if (this.state === "closed") return Promise.reject(new HeraldError("closed", "the client is closed"));
-    return new Promise((resolve) => this.waitingForOpen.push(() => resolve(undefined)));
+    return new Promise((resolve, reject) => this.waitingForOpen.push({ resolve: () => resolve(undefined), reject }));
   }
 
   /**

@@ -230,6 +230,17 @@ test("requests made while disconnected wait for the connection", async (t) => {
   assert.equal(c.patterns.get("sdk/early")?.size, 1, "subscribed once, not twice");
 });
 
+test("a malformed URL closes the client with an error instead of retrying", async (t) => {
+  const errors = [];
+  const c = connect("http://[not a url", { minDelayMs: 10 });
+  t.after(() => c.close());
+  c.on("error", (e) => errors.push(e.code));
+  await assert.rejects(c.publish("x", "y"), (e) => e.code === "closed");
+  assert.equal(c.state, "closed");
+  await sleep(50);
+  assert.deepEqual(errors, ["bad_url"]);
+});
+
 test("close() ends the client: no reconnect, pending requests fail", async (t) => {
   const c = client(t);
   await c.whenOpen();

@@ -240,8 +240,11 @@ export class HeraldClient {
     credits: Map<string, number>;
     /** Listeners by event name (typed at `on`). @type {Map<string, Set<(e: any) => void>>} */
     listeners: Map<string, Set<(e: any) => void>>;
-    /** @type {Array<() => void>} */
-    waitingForOpen: Array<() => void>;
+    /** Requests waiting for the connection. @type {Array<{resolve: () => void, reject: (e: HeraldError) => void}>} */
+    waitingForOpen: Array<{
+        resolve: () => void;
+        reject: (e: HeraldError) => void;
+    }>;
     /** @type {any} */
     retryTimer: any;
     /** @type {any} */
