@@ -92,6 +92,21 @@ pub struct Published {
     pub frame_len: usize,
 }
 
+/// One topic as [`Engine::topics`] shows it.
+#[derive(Clone, Copy, Debug)]
+pub struct TopicView<'a> {
+    pub name: &'a str,
+    /// The last sequence number given out (0 before the first message of the epoch).
+    pub seq: u64,
+    pub epoch: &'a str,
+    /// Connections holding at least one subscription that matches the topic.
+    pub subscribers: usize,
+    /// Messages held for `since` recovery.
+    pub history: usize,
+    /// The last message's frame, exactly as a snapshot delivers it.
+    pub last: Option<&'a Frame>,
+}
+
 struct Stored {
     seq: u64,
     at_us: u64,
@@ -219,6 +234,27 @@ impl<O: Outbox> Engine<O> {
 
     pub fn topic_count(&self) -> usize {
         self.topics.len()
+    }
+
+    /// Every topic, read-only, for introspection (the dashboard's topic explorer). Counting
+    /// subscribers walks the subscription index once per topic, so this is for an occasional
+    /// request, not the publish path.
+    pub fn topics(&self) -> impl Iterator<Item = TopicView<'_>> {
+        let mut conns = Vec::new();
+        self.topics.iter().map(move |(name, t)| {
+            conns.clear();
+            self.index.for_each_match(name, |c| conns.push(c));
+            conns.sort_unstable();
+            conns.dedup();
+            TopicView {
+                name,
+                seq: t.seq,
+                epoch: &t.epoch,
+                subscribers: conns.len(),
+                history: t.history.len(),
+                last: t.last.as_ref(),
+            }
+        })
     }
 
     /// Carries out one request from connection `conn`; replies and errors go to its outbox.

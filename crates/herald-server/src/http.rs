@@ -2,11 +2,11 @@
 
 use crate::auth::{Caller, Refused};
 use crate::node::Node;
-use crate::ws;
+use crate::{dashboard, introspect, ws};
 use axum::body::{to_bytes, Body};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use herald_core::wire::{PayloadKind, ProtocolError, Publish};
@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/", get(dashboard))
+        .merge(dashboard::router())
+        .merge(introspect::router())
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/ws", get(ws::upgrade))
@@ -25,10 +26,6 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/publish/{*topic}", post(publish))
         .fallback(not_found)
         .with_state(node)
-}
-
-async fn dashboard() -> Html<&'static str> {
-    Html(include_str!("index.html"))
 }
 
 async fn metrics(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
@@ -128,7 +125,7 @@ async fn missing_topic(State(node): State<Arc<Node>>) -> Response {
 async fn not_found() -> Response {
     let e = ProtocolError::new(
         "not_found",
-        "no such endpoint; herald serves /, /ws, /healthz, /metrics and POST /api/publish/{topic}",
+        "no such endpoint; herald serves /, /ws, /healthz, /metrics, /api/stats, /api/topics and POST /api/publish/{topic}",
     );
     error(StatusCode::NOT_FOUND, e)
 }

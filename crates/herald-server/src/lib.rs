@@ -9,6 +9,8 @@
 //! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
 //! - [`connection`]: a connection's outbound queue and its batching writer.
+//! - [`dashboard`]: the live dashboard at `/` (assets compiled in).
+//! - [`introspect`]: `GET /api/stats` and `GET /api/topics` (JSON) for the dashboard.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //!
@@ -18,10 +20,12 @@
 pub mod auth;
 pub mod config;
 pub mod connection;
+pub mod dashboard;
 pub mod http;
 pub mod jwks;
 pub mod limits;
 pub mod listener;
+pub mod introspect;
 pub mod metrics;
 pub mod node;
 pub mod tls;

@@ -5,6 +5,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::limits::IpLimits;
+use crate::introspect::Introspection;
 use crate::metrics::{Disconnect, Metrics};
 use crate::tls::Tls;
 use herald_core::engine::{Engine, Published};
@@ -26,6 +27,8 @@ pub struct Node {
     pub ip_limits: Arc<IpLimits>,
     /// TLS on the listener; `None` for plain HTTP.
     pub tls: Option<Arc<Tls>>,
+    /// What `/api/stats` and `/api/topics` remember between requests.
+    pub introspection: Introspection,
 }
 
 impl Node {
@@ -39,6 +42,7 @@ impl Node {
             auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
             ip_limits: IpLimits::new(config.limits.clone()),
             tls: Tls::from_config(&config.tls)?,
+            introspection: Introspection::default(),
             config,
         }))
     }

@@ -461,3 +461,27 @@ fn epochs_differ_between_seeds_and_topics() {
     assert_ne!(epoch(&mut e1, "u"), a);
     assert_eq!(a.len(), 12);
 }
+
+#[test]
+fn topics_view_counts_each_subscribing_connection_once() {
+    let mut e = engine();
+    let (a, _inbox_a) = client(&mut e);
+    let (b, _inbox_b) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"q/*/x"}"#, 0).unwrap();
+    req(&mut e, a, r#"{"op":"sub","topic":"q/>"}"#, 0).unwrap();
+    req(&mut e, b, r#"{"op":"sub","topic":"q/fx/x"}"#, 0).unwrap();
+    publish(&mut e, "q/fx/x", "1");
+    publish(&mut e, "q/fx/x", "2");
+    publish(&mut e, "other", "o");
+    let mut views: Vec<_> = e
+        .topics()
+        .map(|t| (t.name, t.seq, t.subscribers, t.history))
+        .collect();
+    views.sort();
+    assert_eq!(views, [("other", 1, 0, 1), ("q/fx/x", 2, 2, 2)]);
+    let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
+    assert_eq!(frame_json(view.last.unwrap())["data"], "2");
+    e.disconnect(b);
+    let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
+    assert_eq!(view.subscribers, 1);
+}

@@ -1,0 +1,703 @@
+// herald-client: a browser and Node (>= 20) client for herald's native protocol
+// (docs/protocol.md). No runtime dependencies: it uses the platform WebSocket, TextEncoder and
+// TextDecoder. It makes the delivery contract (docs/semantics.md) effortless to use: it remembers
+// the last position seen per topic and subscription, reconnects with exponential backoff and
+// jitter, resubscribes with `since`, and reports whether the gap was fully recovered.
+
+import { topicMatches } from "./topic.js";
+
+export { topicMatches };
+
+/**
+ * @typedef {"connecting" | "open" | "reconnecting" | "closed"} ConnectionState
+ *
+ * @typedef {object} Position  The last message seen of one topic.
+ * @property {number} seq
+ * @property {string} epoch
+ *
+ * @typedef {object} Gap  What a resubscription could not recover (docs/protocol.md).
+ * @property {string} topic
+ * @property {"history_trimmed" | "epoch_changed" | "unknown_topic"} reason
+ * @property {number} [from]
+ * @property {number} [to]
+ * @property {string} [epoch]
+ *
+ * @typedef {object} Subscribed  The server's reply to a subscribe.
+ * @property {string} topic  The pattern.
+ * @property {boolean} [recovered]  Present when `since` was sent: every position was filled.
+ * @property {number} [replayed]
+ * @property {Gap[]} [gaps]
+ *
+ * @typedef {"disconnect" | "drop" | "conflate" | "lossless"} Policy
+ *
+ * @typedef {object} SubscribeOptions
+ * @property {boolean} [snapshot]  First deliver the last value of every matching topic.
+ * @property {Record<string, Position>} [since]  Replay what followed these positions.
+ * @property {Policy} [policy]  What herald does when this subscriber falls behind.
+ * @property {number} [maxRate]  `conflate`: at most this many messages per second per topic.
+ * @property {number} [window]  `lossless`: messages granted before the first credit.
+ *
+ * @typedef {object} PublishOptions
+ * @property {string} [ct]  Content type; defaults to `application/json` for JSON values and to a
+ *   Blob's type for Blobs.
+ * @property {boolean} [stamp]  Ask herald to add its receive time `ts` (µs since the UNIX epoch).
+ * @property {boolean} [ack]  Wait for herald's acknowledgement (default true): the promise
+ *   resolves with the sequence number. `false` sends and resolves at once.
+ *
+ * @typedef {object} Ack
+ * @property {string} topic
+ * @property {number} seq
+ *
+ * @typedef {(() => string | Promise<string>)} TokenSource
+ *
+ * @typedef {object} ConnectOptions
+ * @property {{new (url: string | URL, protocols?: string | string[]): WebSocket}} [WebSocket]
+ *   The WebSocket constructor; defaults to the platform's `globalThis.WebSocket` (Node 20 needs
+ *   `--experimental-websocket`, or pass the `ws` package's constructor).
+ * @property {string | TokenSource} [token]  A token, or a function asked for a fresh one before
+ *   every (re)connect and before the current one expires.
+ * @property {"query" | "message"} [tokenIn]  Send the token as `?token=` on the URL (default) or
+ *   as a first `{"op":"auth"}` message.
+ * @property {number} [refreshBeforeSecs]  Refresh the token this long before the `exp` herald
+ *   reported (default 30).
+ * @property {boolean} [reconnect]  Reconnect after an unexpected close (default true).
+ * @property {number} [minDelayMs]  First reconnect delay (default 250).
+ * @property {number} [maxDelayMs]  Largest reconnect delay (default 10000).
+ * @property {number} [requestTimeoutMs]  Reject a request without a reply after this (default 10000).
+ *
+ * @typedef {object} DroppedEvent  herald dropped messages of `topic` for this connection.
+ * @property {string} topic
+ * @property {number} count
+ * @property {string} [reason]
+ *
+ * @typedef {object} StateEvent
+ * @property {ConnectionState} state
+ * @property {number} [attempt]  Reconnect attempt (1 = the first retry).
+ * @property {number} [delayMs]  Wait before this attempt.
+ * @property {number} [code]  Close code of the connection that ended.
+ * @property {string} [reason]  Close reason of the connection that ended.
+ *
+ * @typedef {object} ResubscribedEvent  A subscription was re-established after a reconnect.
+ * @property {string} pattern
+ * @property {boolean} recovered  Nothing was missed: every gap was filled from herald's history.
+ * @property {number} replayed
+ * @property {Gap[]} gaps
+ *
+ * @typedef {{
+ *   state: StateEvent,
+ *   dropped: DroppedEvent,
+ *   error: HeraldError,
+ *   resubscribed: ResubscribedEvent,
+ * }} ClientEvents
+ */
+
+/** An error herald reported (`code` as in docs/protocol.md) or one of the client's own. */
+export class HeraldError extends Error {
+  /**
+   * @param {string} code  e.g. `invalid_topic`, `not_connected`, `timeout`, `closed`.
+   * @param {string} message
+   */
+  constructor(code, message) {
+    super(message);
+    this.name = "HeraldError";
+    this.code = code;
+  }
+}
+
+/** One message delivered to a subscription handler. */
+export class Message {
+  /**
+   * @param {Record<string, any>} head  The frame's JSON (text) or binary header.
+   * @param {string | Uint8Array} data
+   */
+  constructor(head, data) {
+    /** @type {string} */
+    this.topic = head.topic;
+    /** @type {number} */
+    this.seq = head.seq;
+    /** @type {string} */
+    this.epoch = head.epoch;
+    /** @type {string | undefined} */
+    this.ct = head.ct;
+    /** herald's receive time, µs since the UNIX epoch, when the publisher asked for `stamp`.
+     * @type {number | undefined} */
+    this.ts = head.ts;
+    /** A string for text messages, the raw bytes for binary ones. @type {string | Uint8Array} */
+    this.data = data;
+  }
+
+  /** The payload parsed as JSON (text or UTF-8 bytes). @returns {any} */
+  json() {
+    return JSON.parse(this.text());
+  }
+
+  /** The payload as a string (binary payloads decoded as UTF-8). @returns {string} */
+  text() {
+    return typeof this.data === "string" ? this.data : new TextDecoder().decode(this.data);
+  }
+}
+
+/**
+ * A handler may return a promise: for `lossless` subscriptions the credit for a message is sent
+ * only once it settles, and the next message waits for it.
+ * @typedef {(message: Message) => void | Promise<void>} Handler
+ */
+
+/** One `subscribe` call. Several may share a pattern; herald holds the pattern once. */
+export class Subscription {
+  /**
+   * @param {HeraldClient} client
+   * @param {string} pattern
+   * @param {Handler} handler
+   * @param {SubscribeOptions} options
+   */
+  constructor(client, pattern, handler, options) {
+    this.client = client;
+    this.pattern = pattern;
+    this.handler = handler;
+    this.options = options;
+    /** The last position this subscription saw per topic: the `since` of a resubscribe.
+     * @type {Map<string, Position>} */
+    this.positions = new Map();
+    for (const [topic, pos] of Object.entries(options.since ?? {})) this.positions.set(topic, pos);
+    /** Serialises handlers that return promises, so messages stay in order. */
+    this.tail = Promise.resolve();
+    this.active = true;
+    /** @type {(r: Subscribed) => void} */
+    this.resolveReady = () => {};
+    /** @type {(e: HeraldError) => void} */
+    this.rejectReady = () => {};
+    /** Settles with herald's first `subscribed` reply (or its error). @type {Promise<Subscribed>} */
+    this.ready = new Promise((resolve, reject) => {
+      this.resolveReady = resolve;
+      this.rejectReady = reject;
+    });
+    this.ready.catch(() => {}); // callers need not await it; errors also go to `error` listeners
+  }
+
+  /** Stops delivery to this handler (and unsubscribes at herald if it was the pattern's last). */
+  unsubscribe() {
+    return this.client.unsubscribe(this);
+  }
+
+  /**
+   * Whether this subscription should see `head` (a message of a topic it matches): drops what
+   * it already saw (a snapshot or replay may repeat a message), accepts a new epoch.
+   * @param {Message} m
+   */
+  accept(m) {
+    const last = this.positions.get(m.topic);
+    if (last && last.epoch === m.epoch && m.seq <= last.seq) return false;
+    this.positions.set(m.topic, { seq: m.seq, epoch: m.epoch });
+    return true;
+  }
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/**
+ * The binary frame layout of docs/protocol.md: 4-byte big-endian header length, the JSON header,
+ * the payload.
+ * @param {object} head
+ * @param {Uint8Array} payload
+ */
+export function encodeBinaryFrame(head, payload) {
+  const h = encoder.encode(JSON.stringify(head));
+  const frame = new Uint8Array(4 + h.length + payload.length);
+  new DataView(frame.buffer).setUint32(0, h.length);
+  frame.set(h, 4);
+  frame.set(payload, 4 + h.length);
+  return frame;
+}
+
+/**
+ * Splits a binary frame into its JSON header and payload (a view, not a copy).
+ * @param {ArrayBuffer} buf
+ * @returns {[Record<string, any>, Uint8Array]}
+ */
+export function decodeBinaryFrame(buf) {
+  if (buf.byteLength < 4) throw new HeraldError("bad_frame", "binary frame shorter than 4 bytes");
+  const n = new DataView(buf).getUint32(0);
+  if (4 + n > buf.byteLength) throw new HeraldError("bad_frame", "binary frame shorter than its header length");
+  const head = JSON.parse(decoder.decode(new Uint8Array(buf, 4, n)));
+  return [head, new Uint8Array(buf, 4 + n)];
+}
+
+/**
+ * Opens a client. It connects at once and keeps reconnecting until `close()`; requests made
+ * before the connection is open wait for it.
+ * @param {string | URL} url  e.g. `ws://localhost:8080/ws`
+ * @param {ConnectOptions} [options]
+ */
+export function connect(url, options = {}) {
+  return new HeraldClient(url, options);
+}
+
+export class HeraldClient {
+  /**
+   * @param {string | URL} url
+   * @param {ConnectOptions} [options]
+   */
+  constructor(url, options = {}) {
+    const WS = options.WebSocket ?? globalThis.WebSocket;
+    if (!WS) {
+      throw new HeraldError(
+        "no_websocket",
+        "no WebSocket constructor: run Node 20 with --experimental-websocket (Node 22+ has it), or pass { WebSocket } (e.g. the ws package)",
+      );
+    }
+    this.url = String(url);
+    this.WebSocket = WS;
+    this.options = {
+      tokenIn: "query",
+      refreshBeforeSecs: 30,
+      reconnect: true,
+      minDelayMs: 250,
+      maxDelayMs: 10_000,
+      requestTimeoutMs: 10_000,
+      ...options,
+    };
+    /** @type {ConnectionState} */
+    this.state = "connecting";
+    /** @type {WebSocket | null} */
+    this.ws = null;
+    this.nextId = 1;
+    this.attempt = 0;
+    this.everOpened = false;
+    /** @type {Map<number, {resolve: (v: any) => void, reject: (e: HeraldError) => void, timer: any, resend?: boolean}>} */
+    this.pending = new Map();
+    /** Subscriptions by pattern. @type {Map<string, Set<Subscription>>} */
+    this.patterns = new Map();
+    /** Lossless credits waiting to be sent, by pattern. @type {Map<string, number>} */
+    this.credits = new Map();
+    /** Listeners by event name (typed at `on`). @type {Map<string, Set<(e: any) => void>>} */
+    this.listeners = new Map();
+    /** Requests waiting for the connection. @type {Array<{resolve: () => void, reject: (e: HeraldError) => void}>} */
+    this.waitingForOpen = [];
+    /** @type {any} */
+    this.retryTimer = null;
+    /** @type {any} */
+    this.refreshTimer = null;
+    this.open();
+  }
+
+  /**
+   * Listens to `state` changes, `dropped` notices, `error`s no request was waiting for, and
+   * `resubscribed` reports after a reconnect. Returns a function that removes the listener.
+   * @template {keyof ClientEvents} K
+   * @param {K} event
+   * @param {(e: ClientEvents[K]) => void} listener
+   */
+  on(event, listener) {
+    let set = this.listeners.get(event);
+    if (!set) this.listeners.set(event, (set = new Set()));
+    set.add(listener);
+    return () => set.delete(listener);
+  }
+
+  /**
+   * @template {keyof ClientEvents} K
+   * @param {K} event
+   * @param {ClientEvents[K]} detail
+   */
+  emit(event, detail) {
+    for (const l of this.listeners.get(event) ?? []) {
+      try {
+        l(detail);
+      } catch (e) {
+        queueMicrotask(() => {
+          throw e;
+        });
+      }
+    }
+  }
+
+  /** @param {ConnectionState} state @param {Omit<StateEvent, "state">} [extra] */
+  setState(state, extra = {}) {
+    this.state = state;
+    this.emit("state", { state, ...extra });
+  }
+
+  async token() {
+    const t = this.options.token;
+    return typeof t === "function" ? await t() : t;
+  }
+
+  async open() {
+    let url = this.url;
+    let token;
+    try {
+      token = await this.token();
+    } catch (e) {
+      this.emit("error", new HeraldError("token", `the token callback failed: ${e}`));
+      return this.scheduleReconnect(undefined, undefined);
+    }
+    if (this.state === "closed") return;
+    if (token && this.options.tokenIn === "query") {
+      const u = new URL(url);
+      u.searchParams.set("token", token);
+      url = u.toString();
+    }
+    /** @type {WebSocket} */
+    let ws;
+    try {
+      ws = new this.WebSocket(url);
+    } catch (e) {
+      // A malformed URL never gets better by retrying.
+      this.emit("error", new HeraldError("bad_url", `cannot open a WebSocket to ${url}: ${e}`));
+      this.setState("closed");
+      return this.failWaiting();
+    }
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    ws.onopen = () => this.opened(ws, token);
+    ws.onmessage = (ev) => this.receive(ev.data);
+    ws.onclose = (ev) => this.closed(ws, ev.code, ev.reason);
+    let opened = false;
+    ws.addEventListener("open", () => (opened = true));
+    // An open socket's error is followed by a close event carrying the code. A connection that
+    // never opened may get no close event at all (Node 20's WebSocket), so that ends it here.
+    ws.onerror = () => {
+      if (!opened) this.closed(ws, 1006, "connection failed");
+    };
+  }
+
+  /** @param {WebSocket} ws @param {string | undefined} token */
+  opened(ws, token) {
+    if (ws !== this.ws) return;
+    const reconnected = this.everOpened;
+    this.everOpened = true;
+    this.attempt = 0;
+    if (token && this.options.tokenIn === "message") {
+      this.request({ op: "auth", token }).then(
+        (r) => this.scheduleRefresh(r),
+        (e) => this.emit("error", e),
+      );
+    }
+    for (const [pattern, subs] of this.patterns) this.sendSubscribe(pattern, subs, reconnected);
+    this.setState("open");
+    for (const w of this.waitingForOpen.splice(0)) w.resolve();
+  }
+
+  /**
+   * Re-authenticates on the live connection before the token expires (`exp` from `authed`).
+   * @param {{exp?: number}} reply
+   */
+  scheduleRefresh(reply) {
+    clearTimeout(this.refreshTimer);
+    if (typeof this.options.token !== "function" || !reply.exp) return;
+    const ms = (reply.exp - this.options.refreshBeforeSecs) * 1000 - Date.now();
+    this.refreshTimer = setTimeout(async () => {
+      try {
+        const token = await this.token();
+        this.scheduleRefresh(await this.request({ op: "auth", token }));
+      } catch (e) {
+        this.emit("error", e instanceof HeraldError ? e : new HeraldError("token", String(e)));
+      }
+    }, Math.max(0, ms));
+  }
+
+  /** @param {WebSocket} ws @param {number} code @param {string} reason */
+  closed(ws, code, reason) {
+    if (ws !== this.ws) return;
+    this.ws = null;
+    clearTimeout(this.refreshTimer);
+    for (const [id, p] of this.pending) {
+      clearTimeout(p.timer);
+      this.pending.delete(id);
+      // Subscribes are sent again on the next connection; their subscriptions wait for that.
+      if (!p.resend) p.reject(new HeraldError("not_connected", `the connection closed (${code} ${reason}) before herald replied`));
+    }
+    this.credits.clear(); // a new subscription starts with a fresh window
+    if (this.state === "closed") return;
+    if (code === 4003 || !this.options.reconnect) {
+      this.emit("error", new HeraldError("closed", `herald closed the connection: ${code} ${reason}`));
+      this.setState("closed", { code, reason });
+      return this.failWaiting();
+    }
+    this.scheduleReconnect(code, reason);
+  }
+
+  /** @param {number | undefined} code @param {string | undefined} reason */
+  scheduleReconnect(code, reason) {
+    this.attempt += 1;
+    // Exponential backoff with "equal jitter": half the delay fixed, half random, so that many
+    // clients cut off at once (a restart) do not come back in lock step.
+    const full = Math.min(this.options.maxDelayMs, this.options.minDelayMs * 2 ** (this.attempt - 1));
+    const delayMs = Math.round(full / 2 + (Math.random() * full) / 2);
+    this.setState("reconnecting", { attempt: this.attempt, delayMs, code, reason });
+    this.retryTimer = setTimeout(() => this.open(), delayMs);
+  }
+
+  failWaiting() {
+    for (const [id, p] of this.pending) {
+      clearTimeout(p.timer);
+      this.pending.delete(id);
+      p.reject(new HeraldError("closed", "the client is closed"));
+    }
+    for (const w of this.waitingForOpen.splice(0)) w.reject(new HeraldError("closed", "the client is closed"));
+  }
+
+  /** Closes the connection for good: no reconnect; pending requests fail with `closed`. */
+  close() {
+    this.setState("closed");
+    clearTimeout(this.retryTimer);
+    clearTimeout(this.refreshTimer);
+    this.failWaiting();
+    const ws = this.ws;
+    this.ws = null;
+    ws?.close(1000, "client closed");
+  }
+
+  /** Resolves when the connection is open. */
+  whenOpen() {
+    if (this.state === "open") return Promise.resolve();
+    if (this.state === "closed") return Promise.reject(new HeraldError("closed", "the client is closed"));
+    return new Promise((resolve, reject) => this.waitingForOpen.push({ resolve: () => resolve(undefined), reject }));
+  }
+
+  /**
+   * Sends a request with a fresh id and resolves with herald's reply (rejects with its error).
+   * @param {Record<string, any>} body
+   * @param {{binary?: Uint8Array, resend?: boolean}} [extra]
+   * @returns {Promise<any>}
+   */
+  request(body, extra = {}) {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      const timer = extra.resend
+        ? null
+        : setTimeout(() => {
+            this.pending.delete(id);
+            reject(new HeraldError("timeout", `no reply to ${body.op} within ${this.options.requestTimeoutMs} ms`));
+          }, this.options.requestTimeoutMs);
+      this.pending.set(id, { resolve, reject, timer, resend: extra.resend });
+      this.send({ ...body, id }, extra.binary);
+    });
+  }
+
+  /** @param {Record<string, any>} body @param {Uint8Array} [binary] */
+  send(body, binary) {
+    const ws = /** @type {WebSocket} */ (this.ws);
+    ws.send(binary ? encodeBinaryFrame(body, binary) : JSON.stringify(body));
+  }
+
+  /**
+   * Subscribes `handler` to `pattern` (wildcards `*` and `>`). Delivery starts after herald's
+   * reply (`subscription.ready`). After a reconnect the subscription is renewed with `since` set
+   * to the last position it saw of every topic, and a `resubscribed` event says whether anything
+   * was lost.
+   * @param {string} pattern
+   * @param {Handler} handler
+   * @param {SubscribeOptions} [options]
+   */
+  subscribe(pattern, handler, options = {}) {
+    const sub = new Subscription(this, pattern, handler, options);
+    let subs = this.patterns.get(pattern);
+    if (!subs) this.patterns.set(pattern, (subs = new Set()));
+    subs.add(sub);
+    // While not open, the next connection's `opened` subscribes every held pattern.
+    if (this.state === "open") this.sendSubscribe(pattern, new Set([sub]), false);
+    return sub;
+  }
+
+  /**
+   * Sends one `sub` for `subs` (all on `pattern`): the union of their options, `since` from
+   * their positions (the earliest per topic, so that every one of them is filled).
+   * @param {string} pattern
+   * @param {Set<Subscription>} subs
+   * @param {boolean} reconnected  Report the outcome as a `resubscribed` event.
+   */
+  sendSubscribe(pattern, subs, reconnected) {
+    /** @type {Record<string, any>} */
+    const body = { op: "sub", topic: pattern };
+    /** @type {Record<string, Position>} */
+    const since = {};
+    for (const s of subs) {
+      const o = s.options;
+      if (o.snapshot) body.snapshot = true;
+      if (o.policy) body.policy = o.policy;
+      if (o.maxRate !== undefined) body.max_rate = o.maxRate;
+      if (o.window !== undefined) body.window = o.window;
+      for (const [topic, pos] of s.positions) {
+        const have = since[topic];
+        if (!have || (have.epoch === pos.epoch && pos.seq < have.seq)) since[topic] = pos;
+      }
+    }
+    if (Object.keys(since).length > 0) body.since = since;
+    this.request(body, { resend: true }).then(
+      (r) => {
+        for (const s of subs) s.resolveReady(r);
+        if (reconnected) {
+          this.emit("resubscribed", { pattern, recovered: r.recovered ?? true, replayed: r.replayed ?? 0, gaps: r.gaps ?? [] });
+        }
+      },
+      (e) => {
+        // herald refused the pattern (invalid, forbidden, too many): it will never deliver.
+        for (const s of subs) {
+          s.active = false;
+          this.patterns.get(pattern)?.delete(s);
+          s.rejectReady(e);
+        }
+        if (this.patterns.get(pattern)?.size === 0) this.patterns.delete(pattern);
+        this.emit("error", e);
+      },
+    );
+  }
+
+  /**
+   * Removes a subscription; herald is told when it was the last one on its pattern.
+   * @param {Subscription} sub
+   * @returns {Promise<void>}
+   */
+  async unsubscribe(sub) {
+    sub.active = false;
+    const subs = this.patterns.get(sub.pattern);
+    if (!subs?.delete(sub) || subs.size > 0) return;
+    this.patterns.delete(sub.pattern);
+    this.credits.delete(sub.pattern);
+    if (this.state !== "open") return; // the next connection simply does not resubscribe
+    await this.request({ op: "unsub", topic: sub.pattern });
+  }
+
+  /**
+   * Publishes to an exact topic. Strings travel as text; ArrayBuffer, typed arrays and Blobs as
+   * a binary frame (never base64); any other value as JSON text (`ct` application/json).
+   * @param {string} topic
+   * @param {string | ArrayBuffer | ArrayBufferView | Blob | any} data
+   * @param {PublishOptions} [options]
+   * @returns {Promise<Ack | undefined>}  The acknowledgement (undefined with `ack: false`).
+   */
+  async publish(topic, data, options = {}) {
+    /** @type {Record<string, any>} */
+    const head = { op: "pub", topic };
+    let ct = options.ct;
+    /** @type {Uint8Array | undefined} */
+    let binary;
+    if (typeof data === "string") {
+      head.data = data;
+    } else if (data instanceof ArrayBuffer) {
+      binary = new Uint8Array(data);
+    } else if (ArrayBuffer.isView(data)) {
+      binary = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    } else if (typeof Blob !== "undefined" && data instanceof Blob) {
+      binary = new Uint8Array(await data.arrayBuffer());
+      ct ??= data.type || undefined;
+    } else {
+      head.data = JSON.stringify(data);
+      ct ??= "application/json";
+    }
+    if (ct) head.ct = ct;
+    if (options.stamp) head.stamp = true;
+    await this.whenOpen();
+    if (options.ack === false) {
+      this.send(head, binary);
+      return undefined;
+    }
+    const r = await this.request(head, { binary });
+    return { topic: r.topic, seq: r.seq };
+  }
+
+  /** An application-level round trip to herald. */
+  async ping() {
+    await this.whenOpen();
+    await this.request({ op: "ping" });
+  }
+
+  /** @param {string | ArrayBuffer} raw */
+  receive(raw) {
+    /** @type {Record<string, any>} */
+    let head;
+    /** @type {string | Uint8Array | undefined} */
+    let payload;
+    try {
+      if (typeof raw === "string") head = JSON.parse(raw);
+      else [head, payload] = decodeBinaryFrame(raw);
+    } catch (e) {
+      this.emit("error", new HeraldError("bad_frame", `herald sent a frame the client cannot read: ${e}`));
+      return;
+    }
+    switch (head.op) {
+      case "msg":
+        return this.deliver(new Message(head, payload ?? head.data));
+      case "dropped":
+        return this.emit("dropped", { topic: head.topic, count: head.count, reason: head.reason });
+      case "error": {
+        const err = new HeraldError(head.code, head.message);
+        const p = head.id !== undefined && this.pending.get(head.id);
+        if (p) {
+          this.settle(head.id);
+          p.reject(err);
+        } else {
+          this.emit("error", err);
+        }
+        return;
+      }
+      default: {
+        const p = head.id !== undefined && this.pending.get(head.id);
+        if (p) {
+          this.settle(head.id);
+          p.resolve(head);
+        }
+      }
+    }
+  }
+
+  /** @param {number} id */
+  settle(id) {
+    clearTimeout(this.pending.get(id)?.timer);
+    this.pending.delete(id);
+  }
+
+  /**
+   * Hands a message to every matching subscription that has not seen it yet.
+   * @param {Message} m
+   */
+  deliver(m) {
+    for (const [pattern, subs] of this.patterns) {
+      if (!topicMatches(pattern, m.topic)) continue;
+      for (const sub of subs) {
+        const lossless = sub.options.policy === "lossless";
+        if (!sub.accept(m)) {
+          // A repeat herald still counted against the window: grant it back, in order.
+          if (lossless) sub.tail = sub.tail.then(() => this.credit(sub));
+          continue;
+        }
+        if (lossless) {
+          sub.tail = sub.tail.then(() => this.run(sub, m)).then(() => this.credit(sub));
+        } else {
+          void this.run(sub, m);
+        }
+      }
+    }
+  }
+
+  /** Runs a handler; its exceptions become `error` events rather than stopping delivery.
+   * @param {Subscription} sub @param {Message} m */
+  async run(sub, m) {
+    if (!sub.active) return;
+    try {
+      await sub.handler(m);
+    } catch (e) {
+      this.emit("error", new HeraldError("handler", `the handler for ${sub.pattern} threw on ${m.topic}: ${e}`));
+    }
+  }
+
+  /**
+   * Grants herald one more message on a lossless subscription. Credits are batched: those
+   * earned in one turn of the event loop go out as one `credit` request.
+   * @param {Subscription} sub
+   */
+  credit(sub) {
+    if (!sub.active || this.state !== "open") return;
+    const owed = this.credits.get(sub.pattern) ?? 0;
+    this.credits.set(sub.pattern, owed + 1);
+    if (owed > 0) return;
+    queueMicrotask(() => {
+      const n = this.credits.get(sub.pattern);
+      this.credits.delete(sub.pattern);
+      if (n && this.ws) this.send({ op: "credit", topic: sub.pattern, n });
+    });
+  }
+}

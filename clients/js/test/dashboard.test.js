@@ -1,0 +1,236 @@
+// The dashboard in a real browser: Debian's Chromium driven by playwright-core, against a real
+// herald. HERALD_SCREENSHOTS=<dir> saves a screenshot of every view there (docs/img).
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+import { Herald, HERALD_BIN } from "./herald.js";
+import { writeFits } from "./fits-writer.js";
+import { connect } from "../src/herald-client.js";
+import { CHROMIUM, CHROMIUM_ARGS } from "./browser.js";
+
+const shots = process.env.HERALD_SCREENSHOTS;
+const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM)`;
+
+/** @type {Herald} */
+let herald;
+/** @type {import("playwright-core").Browser} */
+let browser;
+/** @type {import("playwright-core").Page} */
+let page;
+/** Console errors and uncaught exceptions: the dashboard must have none. @type {string[]} */
+const problems = [];
+
+before(async () => {
+  if (skip) return;
+  herald = await Herald.start();
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS });
+  page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  page.on("console", (m) => m.type() === "error" && problems.push(`console: ${m.text()}`));
+  page.on("pageerror", (e) => problems.push(`exception: ${e.message}`));
+  await page.goto(herald.http + "/");
+});
+
+after(async () => {
+  await browser?.close();
+  await herald?.stop();
+});
+
+/** @param {string} name */
+async function screenshot(name) {
+  if (shots) await page.screenshot({ path: join(shots, `dashboard-${name}.png`) });
+}
+
+/** @param {string} id */
+const text = (id) => page.locator(`#${id}`).innerText();
+
+test("the overview loads and shows live numbers", { skip }, async () => {
+  await page.waitForFunction(() => document.getElementById("conn")?.textContent === "open");
+  // The page itself holds a connection; /api/stats reports it.
+  await page.waitForFunction(() => Number(document.getElementById("s-connections")?.textContent) >= 1);
+  for (let i = 0; i < 20; i++) await herald.publishHttp(`demo/sensors/t${i % 4}`, String(20 + i));
+  await page.waitForFunction(() => document.getElementById("s-in-rate")?.textContent !== "–");
+  await page.waitForTimeout(2500); // a few chart points
+  assert.equal(await text("s-topics"), "4");
+  await screenshot("overview");
+});
+
+test("the topic explorer shows the tree with subscribers and last values", { skip }, async () => {
+  await page.goto(herald.http + "/#topics");
+  const row = page.locator("#t-body tr", { hasText: "t3" });
+  await row.waitFor();
+  const cells = await row.locator("td").allInnerTexts();
+  assert.match(cells[0], /t3/);
+  assert.equal(cells[4], "39", "the last value of demo/sensors/t3");
+  assert.ok(await page.locator("#t-body tr.branch", { hasText: "sensors/" }).count(), "levels are branches");
+  await screenshot("topics");
+});
+
+test("a message published with `herald pub` appears in the live view", { skip }, async () => {
+  await page.goto(herald.http + "/#live");
+  await page.waitForFunction(() => document.getElementById("conn")?.textContent === "open");
+  await page.waitForTimeout(200); // the view's subscription reply
+  await promisify(execFile)(HERALD_BIN ?? "herald", ["pub", "--url", herald.ws, "demo/cli", "hello from herald pub"]);
+  const row = page.locator("#l-body tr", { hasText: "hello from herald pub" });
+  await row.waitFor({ timeout: 5000 });
+  assert.match(await row.innerText(), /demo\/cli/);
+  await screenshot("live");
+});
+
+test("the live view stays responsive at 10,000 msg/s and counts what it does not show", { skip }, async () => {
+  const c = connect(herald.ws);
+  try {
+    await c.whenOpen();
+    const start = Date.now();
+    let sent = 0;
+    // About 10,000 msg/s for two seconds.
+    const publishing = (async () => {
+      while (Date.now() - start < 2000) {
+        for (let i = 0; i < 100; i++) c.publish("demo/flood", String(sent++), { ack: false });
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      await c.ping();
+    })();
+    // The page's own event-loop lag: a 50 ms timer that fires late means the page was busy.
+    await page.evaluate(() => {
+      const w = /** @type {any} */ (window);
+      w.lag = 0;
+      let last = performance.now();
+      w.lagTimer = setInterval(() => {
+        const now = performance.now();
+        w.lag = Math.max(w.lag, now - last - 50);
+        last = now;
+      }, 50);
+    });
+    await publishing;
+    const slowest = await page.evaluate(() => {
+      const w = /** @type {any} */ (window);
+      clearInterval(w.lagTimer);
+      return Math.round(w.lag);
+    });
+    await page.waitForFunction((n) => {
+      const v = (id) => Number(document.getElementById(id)?.textContent?.replace(/,/g, "").replace(/k$/, "e3"));
+      return v("l-received") >= n;
+    }, sent, { timeout: 10_000 });
+    const rows = await page.locator("#l-body tr").count();
+    assert.ok(rows <= 100, `at most 100 rows rendered (got ${rows})`);
+    assert.ok(slowest < 1000, `the page's event loop never stalled for 1 s (worst lag ${slowest} ms)`);
+    const skipped = Number((await text("l-skipped")).replace(/,/g, "").replace(/k$/, "e3"));
+    assert.ok(skipped > sent / 2, `most messages were counted, not rendered (${skipped} of ${sent})`);
+  } finally {
+    c.close();
+  }
+});
+
+test("a FITS image published over HTTP is drawn on the canvas", { skip }, async () => {
+  await page.goto(herald.http + "/#images");
+  await page.selectOption("#i-scale", "linear");
+  await page.waitForTimeout(300);
+  // 64 × 48, 16-bit: a left-to-right ramp, and one bright corner in the first stored row
+  // (FITS stores the bottom row first, so it must be drawn at the bottom left).
+  const fits = writeFits(64, 48, 16, (x, y) => (x === 0 && y === 0 ? 30000 : x * 100 - 3000), { BZERO: 0, OBJECT: "ramp" });
+  const r = await herald.publishHttp("camera/1/raw", fits, "image/fits");
+  assert.equal(r.status, 200);
+  await page.waitForFunction(() => Number(document.getElementById("i-canvas")?.dataset.drawn) >= 1);
+  assert.equal(await page.locator("#i-canvas").getAttribute("data-drawn"), "1", "one image, drawn once");
+  const px = await page.evaluate(() => {
+    const c = /** @type {HTMLCanvasElement} */ (document.getElementById("i-canvas"));
+    const d = /** @type {CanvasRenderingContext2D} */ (c.getContext("2d")).getImageData(0, 0, c.width, c.height);
+    const at = (x, y) => Array.from(d.data.slice((y * c.width + x) * 4, (y * c.width + x) * 4 + 4));
+    return { w: c.width, h: c.height, bottomLeft: at(0, 47), topLeft: at(0, 0), topRight: at(63, 0), middle: at(32, 10) };
+  });
+  assert.equal(px.w, 64);
+  assert.equal(px.h, 48);
+  assert.deepEqual(px.bottomLeft, [255, 255, 255, 255], "the hot pixel, drawn at the bottom (FITS rows flipped)");
+  assert.deepEqual(px.topLeft, [0, 0, 0, 255], "the ramp's minimum is black in linear scale");
+  // linear over -3000 … 30000: x = 63 is 3300 → (6300 / 33000) · 255 ≈ 48; x = 32 → 24.
+  assert.ok(Math.abs(px.topRight[0] - 48) <= 1, `ramp end ${px.topRight}`);
+  assert.ok(Math.abs(px.middle[0] - 24) <= 1, `ramp middle ${px.middle}`);
+  assert.equal(px.topRight[0], px.topRight[1], "grey");
+  assert.match(await page.locator("#i-header").textContent() ?? "", /OBJECT\s*=\s*'ramp'/);
+  assert.equal(await text("i-type"), "FITS, BITPIX 16");
+  // Another scale redraws the frame on screen; it is not counted as a new frame.
+  await page.selectOption("#i-scale", "zscale");
+  await page.waitForTimeout(500);
+  assert.equal(await page.locator("#i-canvas").getAttribute("data-drawn"), "1");
+});
+
+test("a 32-bit float FITS image is drawn with the colour map", { skip }, async () => {
+  await page.selectOption("#i-cmap", "heat");
+  await page.selectOption("#i-scale", "zscale");
+  const w = 256;
+  const fits = writeFits(w, w, -32, (x, y) => Math.sin(x / 20) * Math.cos(y / 25) * 1000 + (x === y ? 5000 : 0));
+  const before = Number(await text("i-drawn"));
+  await herald.publishHttp("camera/2/float", fits, "image/fits");
+  await page.waitForFunction((n) => Number(document.getElementById("i-drawn")?.textContent) > n, before);
+  assert.equal(await text("i-type"), "FITS, BITPIX -32");
+  const distinct = await page.evaluate(() => {
+    const c = /** @type {HTMLCanvasElement} */ (document.getElementById("i-canvas"));
+    const d = /** @type {CanvasRenderingContext2D} */ (c.getContext("2d")).getImageData(0, 0, c.width, c.height).data;
+    const colours = new Set();
+    let notGrey = 0;
+    for (let i = 0; i < d.length; i += 4 * 97) {
+      colours.add(`${d[i]},${d[i + 1]},${d[i + 2]}`);
+      if (d[i] !== d[i + 2]) notGrey++;
+    }
+    return { colours: colours.size, notGrey, w: c.width };
+  });
+  assert.equal(distinct.w, w);
+  assert.ok(distinct.colours > 50, `a smooth image has many colours (${distinct.colours})`);
+  assert.ok(distinct.notGrey > 100, "the heat map is not grey");
+  await screenshot("images");
+});
+
+test("a JPEG image is drawn directly", { skip }, async () => {
+  // The browser makes the JPEG: a red canvas encoded by Chromium itself.
+  const jpeg = await page.evaluate(async () => {
+    const c = new OffscreenCanvas(40, 30);
+    const g = /** @type {OffscreenCanvasRenderingContext2D} */ (c.getContext("2d"));
+    g.fillStyle = "#ff0000";
+    g.fillRect(0, 0, 40, 30);
+    const blob = await c.convertToBlob({ type: "image/jpeg", quality: 0.95 });
+    return Array.from(new Uint8Array(await blob.arrayBuffer()));
+  });
+  const before = Number(await text("i-drawn"));
+  await herald.publishHttp("camera/3/jpeg", new Uint8Array(jpeg), "image/jpeg");
+  await page.waitForFunction((n) => Number(document.getElementById("i-drawn")?.textContent) > n, before);
+  const px = await page.evaluate(() => {
+    const c = /** @type {HTMLCanvasElement} */ (document.getElementById("i-canvas"));
+    return { w: c.width, p: Array.from(/** @type {CanvasRenderingContext2D} */ (c.getContext("2d")).getImageData(20, 15, 1, 1).data) };
+  });
+  assert.equal(px.w, 40);
+  assert.ok(px.p[0] > 240 && px.p[1] < 20 && px.p[2] < 20, `red: ${px.p}`);
+});
+
+test("the latency view shows percentiles of both legs", { skip }, async () => {
+  await page.goto(herald.http + "/#latency");
+  await page.waitForFunction(() => {
+    const cells = [...document.querySelectorAll("#lat-body td")].map((td) => td.textContent ?? "");
+    return cells.length === 18 && Number(cells[1].replace(/,/g, "")) >= 20 && Number(cells[7].replace(/,/g, "")) >= 20;
+  }, undefined, { timeout: 10_000 });
+  const cells = await page.locator("#lat-body td").allInnerTexts();
+  for (const i of [2, 3, 4, 8, 9, 10]) assert.match(cells[i], /^\d+(\.\d+)? (µs|ms)$/, `cell ${i}: ${cells[i]}`);
+  await screenshot("latency");
+});
+
+test("a narrow window has no horizontal scrolling", { skip }, async () => {
+  await page.setViewportSize({ width: 400, height: 800 });
+  for (const view of ["overview", "topics", "live", "images", "latency"]) {
+    await page.goto(`${herald.http}/#${view}`);
+    await page.waitForTimeout(300);
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `#${view} overflows by ${overflow} px at 400 px`);
+  }
+  await page.goto(`${herald.http}/#overview`);
+  await page.waitForTimeout(1500);
+  await screenshot("narrow");
+  await page.setViewportSize({ width: 1280, height: 800 });
+});
+
+test("no console errors or uncaught exceptions", { skip }, () => {
+  assert.deepEqual(problems, []);
+});

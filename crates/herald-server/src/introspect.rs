@@ -1,0 +1,231 @@
+//! Read-only JSON views of a running node, for the dashboard and for scripts:
+//! `GET /api/stats` (counters and gauges) and `GET /api/topics` (every topic with its rate,
+//! subscribers and a preview of its last value).
+//!
+//! Rates per second are left to the caller for counters (two samples of a monotonic counter give
+//! a rate over any window the caller likes), but per-topic rates are computed here: a caller
+//! would need every topic's sequence number twice, and topics come and go.
+
+use crate::http::require_admin;
+use crate::node::Node;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use herald_core::engine::TopicView;
+use herald_core::wire::{split_binary, Frame};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Per-topic rates are re-measured at most this often, however many dashboards poll.
+const RATE_INTERVAL: Duration = Duration::from_secs(1);
+/// Text previews are cut to this many characters.
+const PREVIEW_CHARS: usize = 200;
+
+pub fn router() -> Router<Arc<Node>> {
+    Router::new()
+        .route("/api/stats", get(stats))
+        .route("/api/topics", get(topics))
+}
+
+/// What introspection remembers between requests.
+pub struct Introspection {
+    started: Instant,
+    rates: Mutex<TopicRates>,
+}
+
+impl Default for Introspection {
+    fn default() -> Self {
+        Introspection {
+            started: Instant::now(),
+            rates: Mutex::new(TopicRates {
+                at: Instant::now(),
+                seqs: HashMap::new(),
+                rates: HashMap::new(),
+            }),
+        }
+    }
+}
+
+/// Messages per second per topic, from the change of its sequence number between two samples.
+struct TopicRates {
+    at: Instant,
+    /// The previous sample: epoch and sequence number per topic.
+    seqs: HashMap<Box<str>, (Box<str>, u64)>,
+    rates: HashMap<Box<str>, f64>,
+}
+
+impl TopicRates {
+    fn sample<'a>(&mut self, topics: impl Iterator<Item = &'a TopicView<'a>>, now: Instant) {
+        let elapsed = now.duration_since(self.at);
+        if elapsed < RATE_INTERVAL {
+            return;
+        }
+        let secs = elapsed.as_secs_f64();
+        let mut seqs = HashMap::with_capacity(self.seqs.len());
+        self.rates.clear();
+        for t in topics {
+            // A topic new since the last sample, or in a new epoch, counted from 0.
+            let before = match self.seqs.get(t.name) {
+                Some((epoch, seq)) if **epoch == *t.epoch => *seq,
+                _ => 0,
+            };
+            self.rates
+                .insert(t.name.into(), t.seq.saturating_sub(before) as f64 / secs);
+            seqs.insert(t.name.into(), (t.epoch.into(), t.seq));
+        }
+        self.seqs = seqs;
+        self.at = now;
+    }
+}
+
+/// `GET /api/stats`.
+/// With auth on, both views need the admin API key, like `/metrics`: topic names and last
+/// values are data a client token may not be granted.
+async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = require_admin(&node, &headers) {
+        return refusal;
+    }
+    let (connections, subscriptions, topics) = {
+        let engine = node.engine.lock();
+        (
+            engine.connection_count(),
+            engine.subscription_count(),
+            engine.topic_count(),
+        )
+    };
+    let m = &node.metrics;
+    // Labelled families are read back from the exposition, so that labels other modules add
+    // (new drop reasons, error codes) show up here without a list to keep in step.
+    let text = m.render();
+    Json(json!({
+        "now_us": crate::node::now_us(),
+        "uptime_secs": node.introspection.started.elapsed().as_secs_f64(),
+        "connections": connections,
+        "subscriptions": subscriptions,
+        "topics": topics,
+        "messages_in": m.messages_in_ws.get() + m.messages_in_http.get(),
+        "bytes_in": m.bytes_in_ws.get() + m.bytes_in_http.get(),
+        "deliveries": m.deliveries.get(),
+        "frames_out": m.frames_out.get(),
+        "bytes_out": m.bytes_out.get(),
+        "connections_accepted": m.connections_total.get(),
+        "dropped": family(&text, "herald_dropped_messages_total", "reason"),
+        "disconnects": family(&text, "herald_disconnects_total", "reason"),
+        "errors": family(&text, "herald_request_errors_total", "code"),
+    }))
+    .into_response()
+}
+
+/// The samples of one labelled counter family in the text exposition, by the value of `label`.
+fn family(text: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+    let key = format!("{label}=\"");
+    text.lines()
+        .filter_map(|line| {
+            let labels = line.strip_prefix(name)?.strip_prefix('{')?;
+            let (labels, value) = labels.rsplit_once("} ")?;
+            let start = labels.find(&key)? + key.len();
+            let end = labels[start..].find('"')? + start;
+            Some((labels[start..end].to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[derive(Deserialize)]
+struct TopicsQuery {
+    /// Only topics starting with this.
+    #[serde(default)]
+    prefix: String,
+    /// At most this many topics (by name); `truncated` says when more exist.
+    #[serde(default = "default_limit")]
+    limit: usize,
+}
+
+fn default_limit() -> usize {
+    1000
+}
+
+/// `GET /api/topics?prefix=&limit=`.
+async fn topics(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Query(q): Query<TopicsQuery>,
+) -> Response {
+    if let Err(refusal) = require_admin(&node, &headers) {
+        return refusal;
+    }
+    let engine = node.engine.lock();
+    let mut views: Vec<TopicView> = engine
+        .topics()
+        .filter(|t| t.name.starts_with(&q.prefix))
+        .collect();
+    let mut rates = node.introspection.rates.lock();
+    rates.sample(views.iter(), Instant::now());
+    views.sort_unstable_by_key(|t| t.name);
+    let total = views.len();
+    let list: Vec<Value> = views
+        .iter()
+        .take(q.limit)
+        .map(|t| {
+            json!({
+                "topic": t.name,
+                "seq": t.seq,
+                "epoch": t.epoch,
+                "subscribers": t.subscribers,
+                "history": t.history,
+                "rate": rates.rates.get(t.name).copied().unwrap_or(0.0),
+                "last": t.last.map(preview),
+            })
+        })
+        .collect();
+    Json(json!({"total": total, "truncated": total > list.len(), "topics": list})).into_response()
+}
+
+/// A short description of a message frame: its content type, stamp, size, and the start of its
+/// text.
+fn preview(frame: &Frame) -> Value {
+    let head = &frame.head[..];
+    let (opcode, start) = match head.get(1).map(|b| b & 0x7F) {
+        Some(126) => (head[0] & 0x0F, 4),
+        Some(127) => (head[0] & 0x0F, 10),
+        Some(_) => (head[0] & 0x0F, 2),
+        None => return Value::Null,
+    };
+    let (mut meta, text, bytes) = if opcode == 0x1 {
+        let msg = [&head[start..], &frame.body[..]].concat();
+        let Ok(Value::Object(mut msg)) = serde_json::from_slice::<Value>(&msg) else {
+            return Value::Null;
+        };
+        let data = match msg.remove("data") {
+            Some(Value::String(s)) => s,
+            _ => String::new(),
+        };
+        let len = data.len();
+        (msg, Some(data), len)
+    } else {
+        let Ok((header, at)) = split_binary(&head[start..]) else {
+            return Value::Null;
+        };
+        let meta = serde_json::from_str(header).unwrap_or_default();
+        (meta, None, head.len() - start - at + frame.body.len())
+    };
+    let mut out = Map::new();
+    for field in ["ct", "ts"] {
+        if let Some(v) = meta.remove(field) {
+            out.insert(field.into(), v);
+        }
+    }
+    out.insert("bytes".into(), bytes.into());
+    out.insert("binary".into(), text.is_none().into());
+    if let Some(text) = text {
+        let cut: String = text.chars().take(PREVIEW_CHARS).collect();
+        out.insert("truncated".into(), (cut.len() < text.len()).into());
+        out.insert("text".into(), cut.into());
+    }
+    Value::Object(out)
+}
