@@ -82,6 +82,24 @@ impl Default for EngineConfig {
 
 pub type ConnId = u32;
 
+/// A change in the set of patterns this engine's connections hold: the first subscriber to a
+/// pattern adds it, the last one to leave removes it. A cluster bridge subscribes upstream only
+/// to what local clients want (see [`Engine::track_interest`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Interest {
+    Added(String),
+    Removed(String),
+}
+
+/// What publishing a message another node numbered did (see [`Engine::publish_remote`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemotePublished {
+    pub published: Published,
+    /// Messages of the origin's epoch that never arrived before this one; local subscribers of
+    /// the topic were sent a `dropped` notice with this count.
+    pub missed: u64,
+}
+
 /// What a publish did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Published {
@@ -106,6 +124,9 @@ struct TopicState {
     history: VecDeque<Stored>,
     history_bytes: usize,
     last: Option<Frame>,
+    /// The epoch was adopted from another node's message (see [`Engine::publish_remote`]): a
+    /// local publish must start an epoch of its own rather than reuse the origin's numbers.
+    foreign: bool,
 }
 
 impl TopicState {
@@ -118,6 +139,15 @@ impl TopicState {
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
+    }
+
+    /// Starts over under `epoch`: what is held belongs to another numbering.
+    fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
+        self.epoch = epoch;
+        self.seq = seq;
+        self.foreign = foreign;
+        self.history.clear();
+        self.history_bytes = 0;
     }
 
     fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
@@ -153,6 +183,9 @@ pub struct Engine<O> {
     topics_created: u64,
     publish_count: u64,
     subscriptions: usize,
+    /// Subscriber count per pattern, kept only once [`Engine::track_interest`] was called.
+    interest: Option<HashMap<Box<str>, usize>>,
+    interest_changes: Vec<Interest>,
 }
 
 impl<O: Outbox> Engine<O> {
@@ -169,7 +202,59 @@ impl<O: Outbox> Engine<O> {
             topics_created: 0,
             publish_count: 0,
             subscriptions: 0,
+            interest: None,
+            interest_changes: Vec::new(),
         }
+    }
+
+    /// From now on, record [`Interest`] changes for [`Engine::take_interest_changes`]. Patterns
+    /// already held are reported as added.
+    pub fn track_interest(&mut self) {
+        let mut counts: HashMap<Box<str>, usize> = HashMap::new();
+        for c in self.conns.iter().flatten() {
+            for p in &c.patterns {
+                *counts.entry(p.clone()).or_default() += 1;
+            }
+        }
+        self.interest_changes = counts
+            .keys()
+            .map(|p| Interest::Added(p.to_string()))
+            .collect();
+        self.interest = Some(counts);
+    }
+
+    /// The interest changes since the last call, in order.
+    pub fn take_interest_changes(&mut self) -> Vec<Interest> {
+        std::mem::take(&mut self.interest_changes)
+    }
+
+    fn interest_up(&mut self, pattern: &str) {
+        if let Some(counts) = self.interest.as_mut() {
+            let n = counts.entry(pattern.into()).or_default();
+            *n += 1;
+            if *n == 1 {
+                self.interest_changes
+                    .push(Interest::Added(pattern.to_owned()));
+            }
+        }
+    }
+
+    fn interest_down(&mut self, pattern: &str) {
+        if let Some(counts) = self.interest.as_mut() {
+            if let Some(n) = counts.get_mut(pattern) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(pattern);
+                    self.interest_changes
+                        .push(Interest::Removed(pattern.to_owned()));
+                }
+            }
+        }
+    }
+
+    /// The epoch of topic `name`, if it has state.
+    pub fn epoch_of(&self, name: &str) -> Option<&str> {
+        self.topics.get(name).map(|t| t.epoch.as_str())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -199,6 +284,7 @@ impl<O: Outbox> Engine<O> {
         let conn = self.conns.get_mut(id as usize)?.take()?;
         for pattern in &conn.patterns {
             self.index.remove(pattern, id);
+            self.interest_down(pattern);
         }
         self.subscriptions -= conn.patterns.len();
         self.free.push(id);
@@ -271,6 +357,92 @@ impl<O: Outbox> Engine<O> {
     /// Publishes a message: assigns the topic's next sequence number, encodes the frame once,
     /// records it, and hands it to every matching connection once.
     pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
+        self.check(p)?;
+        let state = self.topic_state_of(&p.topic);
+        if state.foreign {
+            self.topics_created += 1;
+            let epoch = new_epoch(self.epoch_seed, self.topics_created);
+            let state = self
+                .topics
+                .get_mut(p.topic.as_str())
+                .expect("created above");
+            state.restart(epoch, 0, false);
+        }
+        Ok(self.append(p, now_us))
+    }
+
+    /// Publishes a message another node published and numbered `(epoch, seq)`, keeping its
+    /// numbers so that every node holds the same `(epoch, seq)` for it: a subscriber that moves
+    /// to another node recovers with `since` as if it had stayed. A different epoch is adopted
+    /// (what was held is dropped: it belongs to another numbering); a message not newer than
+    /// the last is ignored (a duplicate); a jump in `seq` means messages were lost on the way,
+    /// so history is dropped (recovery across the hole reports it) and matching subscribers
+    /// are sent a `dropped` notice with the count before the message.
+    pub fn publish_remote(
+        &mut self,
+        p: &Publish,
+        epoch: &str,
+        seq: u64,
+        now_us: u64,
+    ) -> Result<RemotePublished, ProtocolError> {
+        self.check(p)?;
+        let state = self.topic_state_of(&p.topic);
+        let mut missed = 0;
+        if state.epoch != epoch {
+            state.restart(epoch.to_owned(), seq.saturating_sub(1), true);
+        } else if seq <= state.seq {
+            let published = Published {
+                seq,
+                deliveries: 0,
+                frame_len: 0,
+            };
+            return Ok(RemotePublished { published, missed });
+        } else if seq > state.seq + 1 {
+            missed = seq - state.seq - 1;
+            let epoch = state.epoch.clone();
+            state.restart(epoch, seq - 1, true);
+        }
+        if missed > 0 {
+            let notice = wire::encode_reply(&Reply::Dropped {
+                topic: p.topic.clone(),
+                count: missed,
+            });
+            self.for_each_subscriber(&p.topic, |outbox| outbox.send(&notice));
+        }
+        let published = self.append(p, now_us);
+        Ok(RemotePublished { published, missed })
+    }
+
+    /// Calls `f` once for every connection with a subscription matching `name`.
+    fn for_each_subscriber(&mut self, name: &str, mut f: impl FnMut(&O)) -> usize {
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let conns = &mut self.conns;
+        let mut reached = 0;
+        self.index.for_each_match(name, |id| {
+            if let Some(c) = conns[id as usize].as_mut() {
+                if c.seen != generation {
+                    c.seen = generation;
+                    f(&c.outbox);
+                    reached += 1;
+                }
+            }
+        });
+        reached
+    }
+
+    fn topic_state_of(&mut self, name: &str) -> &mut TopicState {
+        topic_entry(
+            &mut self.topics,
+            &self.config,
+            self.epoch_seed,
+            &mut self.topics_created,
+            name,
+        )
+    }
+
+    /// Refuses a message that may not be published: bad topic, too large, text not UTF-8.
+    fn check(&self, p: &Publish) -> Result<(), ProtocolError> {
         let fail = |e: ProtocolError| e.with_id(p.id.clone());
         topic::validate_topic(&p.topic)
             .map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
@@ -290,6 +462,11 @@ impl<O: Outbox> Engine<O> {
                 "a text payload must be valid UTF-8",
             )));
         }
+        Ok(())
+    }
+
+    /// Gives the message its topic's next sequence number, records it and fans it out.
+    fn append(&mut self, p: &Publish, now_us: u64) -> Published {
         let config = &self.config;
         let state = topic_entry(
             &mut self.topics,
@@ -321,35 +498,17 @@ impl<O: Outbox> Engine<O> {
             },
         );
 
-        self.publish_count += 1;
-        let generation = self.publish_count;
-        let conns = &mut self.conns;
-        let mut deliveries = 0;
-        self.index.for_each_match(&p.topic, |id| {
-            if let Some(c) = conns[id as usize].as_mut() {
-                if c.seen != generation {
-                    c.seen = generation;
-                    c.outbox.send(&frame);
-                    deliveries += 1;
-                }
-            }
-        });
-        Ok(Published {
+        let deliveries = self.for_each_subscriber(&p.topic, |outbox| outbox.send(&frame));
+        Published {
             seq,
             deliveries,
             frame_len: frame.len(),
-        })
+        }
     }
 
     #[cfg(test)]
     fn topic_state(&mut self, name: &str) -> &mut TopicState {
-        topic_entry(
-            &mut self.topics,
-            &self.config,
-            self.epoch_seed,
-            &mut self.topics_created,
-            name,
-        )
+        self.topic_state_of(name)
     }
 
     fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
@@ -431,6 +590,7 @@ impl<O: Outbox> Engine<O> {
 
         if !already {
             self.index.insert(&s.topic, conn);
+            self.interest_up(&s.topic);
             self.subscriptions += 1;
             self.conns[conn as usize]
                 .as_mut()
@@ -497,6 +657,7 @@ impl<O: Outbox> Engine<O> {
         };
         c.patterns.swap_remove(at);
         self.index.remove(&pattern, conn);
+        self.interest_down(&pattern);
         self.subscriptions -= 1;
         self.reply(conn, &Reply::Unsubscribed { id, topic: pattern });
         Ok(())
@@ -514,7 +675,7 @@ fn topic_entry<'a>(
 ) -> &'a mut TopicState {
     if !topics.contains_key(name) {
         *created += 1;
-        let epoch = format!("{:012x}", splitmix64(epoch_seed ^ *created) >> 16);
+        let epoch = new_epoch(epoch_seed, *created);
         let rule = config
             .history
             .iter()
@@ -526,10 +687,16 @@ fn topic_entry<'a>(
             history: VecDeque::new(),
             history_bytes: 0,
             last: None,
+            foreign: false,
         };
         topics.insert(name.into(), state);
     }
     topics.get_mut(name).expect("inserted above")
+}
+
+/// The epoch of the `n`th topic state this engine created.
+fn new_epoch(epoch_seed: u64, n: u64) -> String {
+    format!("{:012x}", splitmix64(epoch_seed ^ n) >> 16)
 }
 
 /// A fast, well-mixed 64-bit hash (Steele et al.), enough to make epochs unpredictable between
