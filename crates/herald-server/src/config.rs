@@ -26,6 +26,9 @@ pub struct Config {
     /// Per-topic history, first matching pattern wins; topics no rule matches keep only their
     /// last value.
     pub history: Vec<HistoryRule>,
+    /// Join a cluster of herald nodes through NATS (see docs/cluster.md); absent: run alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats: Option<crate::nats::NatsConfig>,
 }
 
 impl Default for Config {
@@ -39,6 +42,7 @@ impl Default for Config {
             max_connections: 10_000,
             shutdown_grace_secs: 5,
             history: engine.history,
+            nats: None,
         }
     }
 }
@@ -81,6 +85,9 @@ impl Config {
         for rule in &self.history {
             herald_core::topic::validate_pattern(&rule.pattern)
                 .with_context(|| format!("history rule pattern {:?}", rule.pattern))?;
+        }
+        if let Some(nats) = &self.nats {
+            nats.validate()?;
         }
         if self.max_message_bytes == 0 || self.max_outbound_bytes == 0 {
             bail!("max_message_bytes and max_outbound_bytes must be greater than zero");

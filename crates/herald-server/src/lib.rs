@@ -6,6 +6,7 @@
 //! - [`connection`]: a connection's outbound queue and its batching writer.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
 //!
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
@@ -14,6 +15,7 @@ pub mod config;
 pub mod connection;
 pub mod http;
 pub mod metrics;
+pub mod nats;
 pub mod node;
 pub mod ws;
 
@@ -40,10 +42,11 @@ impl Server {
                 config.listen
             )
         })?;
-        Ok(Server {
-            listener,
-            node: Node::new(config),
-        })
+        let node = Node::new(config);
+        if let Some(broker) = &node.broker {
+            broker.start(&node).await?;
+        }
+        Ok(Server { listener, node })
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -7,7 +7,7 @@
 
 use crate::connection::Connection;
 use crate::metrics::{Disconnect, Reason};
-use crate::node::{now_us, Node};
+use crate::node::Node;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -100,7 +100,7 @@ where
             (Ok(()), None) => Disconnect::ClientClosed,
         },
     };
-    node.engine.lock().disconnect(id);
+    node.disconnect(id);
     node.metrics.disconnected(why);
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
 }
@@ -188,7 +188,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             node.metrics.messages_in_ws.inc();
             node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
         }
-        let handled = node.engine.lock().handle(id, request, now_us());
+        let handled = node.handle(id, request);
         match handled {
             Ok(Some(published)) => {
                 node.metrics.deliveries.inc_by(published.deliveries as u64);

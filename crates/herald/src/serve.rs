@@ -40,6 +40,22 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
+    /// Join a cluster through this NATS server, e.g. nats://127.0.0.1:4222 (sets `nats.url`)
+    #[arg(long, value_name = "URL")]
+    #[serde(
+        rename = "nats",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "nats_url"
+    )]
+    nats: Option<String>,
+}
+
+/// `--nats URL` overrides only the `url` of the `[nats]` table; its other keys stay.
+fn nats_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(1))?;
+    map.serialize_entry("url", url)?;
+    map.end()
 }
 
 #[derive(Clone, Copy, ValueEnum)]
