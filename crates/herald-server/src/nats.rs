@@ -326,13 +326,22 @@ impl NatsBroker {
     }
 }
 
+/// Bytes handed to the NATS client between two flushes.
+const FLUSH_EVERY: usize = 1 << 20;
+
 /// Hands queued messages to NATS in order, each in chunks that fit the server's `max_payload`.
+///
+/// The NATS client buffers what it is handed (by count, not bytes) and keeps it while
+/// disconnected, so a message counts as pending until a flush — a round trip to the server —
+/// confirms it left. While NATS is away or stalled, the flush waits, pending bytes reach
+/// `max_pending_bytes`, and [`NatsBroker::publish`] stops queueing: memory stays bounded.
 async fn carry_out(
     client: Client,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<ClusterMetrics>,
 ) {
+    let mut unflushed = 0;
     while let Some(m) = rx.recv().await {
         let size = m.payload.len();
         let max_payload = client.server_info().max_payload;
@@ -353,8 +362,16 @@ async fn carry_out(
         }
         metrics.messages_out.inc();
         metrics.bytes_out.inc_by(size as u64);
-        let left = pending.fetch_sub(size, Ordering::Relaxed) - size;
-        metrics.pending_bytes.set(left as i64);
+        unflushed += size;
+        if rx.is_empty() || unflushed >= FLUSH_EVERY {
+            while let Err(e) = client.flush().await {
+                tracing::debug!(error = %e, "NATS flush failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let left = pending.fetch_sub(unflushed, Ordering::Relaxed) - unflushed;
+            metrics.pending_bytes.set(left as i64);
+            unflushed = 0;
+        }
     }
 }
 
