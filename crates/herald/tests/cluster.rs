@@ -14,7 +14,16 @@ use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 
 const HERALD: &str = env!("CARGO_BIN_EXE_herald");
-const NATS_SERVER: &str = "/usr/sbin/nats-server";
+
+/// Debian installs `nats-server` in /usr/sbin, which a user's PATH may lack.
+fn nats_server() -> &'static str {
+    const DEBIAN: &str = "/usr/sbin/nats-server";
+    if std::path::Path::new(DEBIAN).exists() {
+        DEBIAN
+    } else {
+        "nats-server"
+    }
+}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -62,7 +71,7 @@ impl Nats {
     }
 
     fn restart(&mut self) {
-        self.child = Command::new(NATS_SERVER)
+        self.child = Command::new(nats_server())
             .args([
                 "-a",
                 "127.0.0.1",
