@@ -37,6 +37,10 @@ use crate::wire::{self, Incoming};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClientSpec {
     pub url: String,
+    /// When not empty, subscriber `i` connects to `sub_urls[i % len]` instead of `url`
+    /// (several herald nodes of one cluster; publishers stay on `url`).
+    #[serde(default)]
+    pub sub_urls: Vec<String>,
     pub topics: u64,
     pub subs_per_client: u64,
     pub topic_prefix: String,
@@ -472,7 +476,11 @@ async fn open(
     spec: &ClientSpec,
     id: u64,
 ) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>> {
-    let url: tokio_tungstenite::tungstenite::http::Uri = spec.url.parse().context("bad --url")?;
+    let target = match spec.sub_urls.len() {
+        0 => &spec.url,
+        n => &spec.sub_urls[(id % n as u64) as usize],
+    };
+    let url: tokio_tungstenite::tungstenite::http::Uri = target.parse().context("bad --url")?;
     let host = url.host().context("--url has no host")?;
     let port = url.port_u16().unwrap_or(80);
     let addr: SocketAddr = tokio::net::lookup_host((host, port))
@@ -494,7 +502,7 @@ async fn open(
         .max_message_size(Some(spec.max_message))
         .max_frame_size(Some(spec.max_message));
     let (ws, _) =
-        tokio_tungstenite::client_async_with_config(spec.url.as_str(), stream, Some(cfg)).await?;
+        tokio_tungstenite::client_async_with_config(target.as_str(), stream, Some(cfg)).await?;
     Ok(ws)
 }
 
@@ -756,6 +764,7 @@ mod tests {
     fn spec_topic_lookup() {
         let spec = ClientSpec {
             url: String::new(),
+            sub_urls: Vec::new(),
             topics: 5,
             subs_per_client: 1,
             topic_prefix: "shares".into(),
