@@ -127,6 +127,8 @@ struct TopicState {
     /// The epoch was adopted from another node's message (see [`Engine::publish_remote`]): a
     /// local publish must start an epoch of its own rather than reuse the origin's numbers.
     foreign: bool,
+    /// The publish count when the last message from another node was recorded.
+    remote_at: u64,
 }
 
 impl TopicState {
@@ -169,6 +171,9 @@ impl TopicState {
 struct Conn<O> {
     outbox: O,
     patterns: Vec<Box<str>>,
+    /// For each of `patterns`, the publish count when it was subscribed (see
+    /// [`Engine::publish_remote`]: who was listening before a hole).
+    subscribed_at: Vec<u64>,
     /// The last publish that reached this connection: dedupes overlapping patterns in O(1).
     seen: u64,
 }
@@ -265,6 +270,7 @@ impl<O: Outbox> Engine<O> {
         let conn = Some(Conn {
             outbox,
             patterns: Vec::new(),
+            subscribed_at: Vec::new(),
             seen: 0,
         });
         match self.free.pop() {
@@ -402,15 +408,42 @@ impl<O: Outbox> Engine<O> {
             let epoch = state.epoch.clone();
             state.restart(epoch, seq - 1, true);
         }
+        let before = state.remote_at;
         if missed > 0 {
-            let notice = wire::encode_reply(&Reply::Dropped {
-                topic: p.topic.clone(),
-                count: missed,
-            });
-            self.for_each_subscriber(&p.topic, |outbox| outbox.send(&notice));
+            self.notify_hole(&p.topic, missed, before);
         }
         let published = self.append(p, now_us);
+        let at = self.publish_count;
+        if let Some(state) = self.topics.get_mut(p.topic.as_str()) {
+            state.remote_at = at;
+        }
         Ok(RemotePublished { published, missed })
+    }
+
+    /// Tells the subscribers of `name` that were already listening when its previous remote
+    /// message arrived (publish count `before`) that `missed` messages never came. Those who
+    /// subscribed later did not miss them: this node was not following the topic meanwhile.
+    fn notify_hole(&mut self, name: &str, missed: u64, before: u64) {
+        let notice = wire::encode_reply(&Reply::Dropped {
+            topic: name.to_owned(),
+            count: missed,
+        });
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let conns = &mut self.conns;
+        self.index.for_each_match(name, |id| {
+            if let Some(c) = conns[id as usize].as_mut() {
+                let listening = c
+                    .patterns
+                    .iter()
+                    .zip(&c.subscribed_at)
+                    .any(|(p, at)| *at <= before && topic::matches(p, name));
+                if c.seen != generation && listening {
+                    c.seen = generation;
+                    c.outbox.send(&notice);
+                }
+            }
+        });
     }
 
     /// Calls `f` once for every connection with a subscription matching `name`.
@@ -597,6 +630,12 @@ impl<O: Outbox> Engine<O> {
                 .expect("checked above")
                 .patterns
                 .push(s.topic.as_str().into());
+            let at = self.publish_count;
+            self.conns[conn as usize]
+                .as_mut()
+                .expect("checked above")
+                .subscribed_at
+                .push(at);
         }
         let reply = Reply::Subscribed {
             id: s.id,
@@ -656,6 +695,7 @@ impl<O: Outbox> Engine<O> {
             .with_id(id));
         };
         c.patterns.swap_remove(at);
+        c.subscribed_at.swap_remove(at);
         self.index.remove(&pattern, conn);
         self.interest_down(&pattern);
         self.subscriptions -= 1;
@@ -688,6 +728,7 @@ fn topic_entry<'a>(
             history_bytes: 0,
             last: None,
             foreign: false,
+            remote_at: 0,
         };
         topics.insert(name.into(), state);
     }

@@ -326,23 +326,31 @@ impl NatsBroker {
     }
 }
 
-/// Bytes handed to the NATS client between two flushes.
+/// Bytes handed to the NATS client before a flush must confirm them.
 const FLUSH_EVERY: usize = 1 << 20;
 
 /// Hands queued messages to NATS in order, each in chunks that fit the server's `max_payload`.
 ///
 /// The NATS client buffers what it is handed (by count, not bytes) and keeps it while
 /// disconnected, so a message counts as pending until a flush — a round trip to the server —
-/// confirms it left. While NATS is away or stalled, the flush waits, pending bytes reach
-/// `max_pending_bytes`, and [`NatsBroker::publish`] stops queueing: memory stays bounded.
+/// confirms it left. A flush runs whenever the queue is empty (abandoned if a message comes
+/// first, so it never delays one) and is awaited after every [`FLUSH_EVERY`] bytes. While NATS
+/// is away or stalled, flushes wait, pending bytes reach `max_pending_bytes`, and
+/// [`NatsBroker::publish`] stops queueing: memory stays bounded.
 async fn carry_out(
     client: Client,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<ClusterMetrics>,
 ) {
+    let confirm = |unflushed: &mut usize| {
+        let left = pending.fetch_sub(*unflushed, Ordering::Relaxed) - *unflushed;
+        metrics.pending_bytes.set(left as i64);
+        *unflushed = 0;
+    };
     let mut unflushed = 0;
-    while let Some(m) = rx.recv().await {
+    let mut next = rx.recv().await;
+    while let Some(m) = next.take() {
         let size = m.payload.len();
         let max_payload = client.server_info().max_payload;
         let chunk = max_payload.saturating_sub(HEADER_ROOM).max(HEADER_ROOM);
@@ -363,15 +371,30 @@ async fn carry_out(
         metrics.messages_out.inc();
         metrics.bytes_out.inc_by(size as u64);
         unflushed += size;
-        if rx.is_empty() || unflushed >= FLUSH_EVERY {
-            while let Err(e) = client.flush().await {
-                tracing::debug!(error = %e, "NATS flush failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            let left = pending.fetch_sub(unflushed, Ordering::Relaxed) - unflushed;
-            metrics.pending_bytes.set(left as i64);
-            unflushed = 0;
+        if unflushed >= FLUSH_EVERY {
+            flush(&client).await;
+            confirm(&mut unflushed);
         }
+        next = match rx.try_recv() {
+            Ok(m) => Some(m),
+            Err(mpsc::error::TryRecvError::Disconnected) => None,
+            Err(mpsc::error::TryRecvError::Empty) if unflushed == 0 => rx.recv().await,
+            Err(mpsc::error::TryRecvError::Empty) => tokio::select! {
+                m = rx.recv() => m,
+                () = flush(&client) => {
+                    confirm(&mut unflushed);
+                    rx.recv().await
+                }
+            },
+        };
+    }
+}
+
+/// Flushes until NATS confirms (retrying while it is away).
+async fn flush(client: &Client) {
+    while let Err(e) = client.flush().await {
+        tracing::debug!(error = %e, "NATS flush failed; retrying");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

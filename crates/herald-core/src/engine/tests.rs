@@ -527,13 +527,28 @@ fn remote_messages_keep_their_numbers_and_holes_are_reported() {
         (json!(9), json!("e1"))
     );
 
+    // A subscriber that joined after this node last heard of the topic missed nothing.
+    let (late, inbox_late) = client(&mut e);
+    req(&mut e, late, r#"{"op":"sub","topic":"t"}"#, 0).unwrap();
+    inbox_late.take();
+    assert_eq!(remote(&mut e, "t", "e1", 12).missed, 2);
+    assert_eq!(
+        inbox.take()[0],
+        json!({"op":"dropped","topic":"t","count":2})
+    );
+    assert_eq!(
+        data(&inbox_late.take()),
+        ["e1:12"],
+        "no notice for the late subscriber"
+    );
+
     // Recovery across the hole says so; after it, it is exact.
     let (b, inbox_b) = client(&mut e);
     let sub = r#"{"op":"sub","topic":"t","since":{"t":{"seq":5,"epoch":"e1"}}}"#;
     req(&mut e, b, sub, 0).unwrap();
     let got = inbox_b.take();
     assert_eq!(got[0]["gaps"][0]["reason"], "history_trimmed");
-    assert_eq!(data(&got), ["e1:9"]);
+    assert_eq!(data(&got), ["e1:12"]);
 
     // A local publish on an adopted epoch starts an epoch of its own.
     let p = publish(&mut e, "t", "local");
