@@ -140,6 +140,32 @@ mod tests {
     }
 
     #[test]
+    fn the_nats_flag_sets_only_the_url() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "[nats]\nprefix = \"prod.herald\"")?;
+            let flags = serde_json::json!({ "nats": { "url": "nats://127.0.0.1:4222" } });
+            let c = Config::load(Some(Path::new("c.toml")), flags).unwrap();
+            let nats = c.nats.unwrap();
+            assert_eq!(
+                (nats.url.as_str(), nats.prefix.as_str()),
+                ("nats://127.0.0.1:4222", "prod.herald")
+            );
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("c.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("needs a url"), "{err}");
+            jail.create_file("bad.toml", "[nats]\nurl = \"nats://x\"\nprefix = \"a b\"")?;
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("bad.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("\"a b\""), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn bad_configs_are_explained() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("typo.toml", "max_conections = 5")?;
