@@ -59,6 +59,11 @@ pub struct BenchArgs {
     #[arg(long, default_value = "ws://127.0.0.1:8080/ws")]
     pub url: String,
 
+    /// Connect subscribers to these URLs instead, round-robin (repeatable): e.g. the nodes of
+    /// a cluster, with the publishers on --url.
+    #[arg(long = "sub-url", value_name = "URL")]
+    pub sub_urls: Vec<String>,
+
     /// Start a herald server (`herald serve`) as a child process for the run, pinned to core 0
     /// with the bench on core 1 when there are two cores or more.
     #[arg(long)]
@@ -241,6 +246,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut ctx = runner::Ctx {
         url: url.clone(),
+        sub_urls: args.sub_urls.clone(),
         progress: Progress::new(args.quiet),
         stop: stop.clone(),
         bench_cores: sys::allowed_cores(),

@@ -35,6 +35,10 @@ use crate::ws_client::{ServerMessage, WsClient, WsWriter};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClientSpec {
     pub url: String,
+    /// When not empty, subscriber `i` connects to `sub_urls[i % len]` instead of `url`
+    /// (several herald nodes of one cluster; publishers stay on `url`).
+    #[serde(default)]
+    pub sub_urls: Vec<String>,
     pub topics: u64,
     pub subs_per_client: u64,
     pub topic_prefix: String,
@@ -464,7 +468,11 @@ fn source_addr(client: u64) -> Ipv4Addr {
 }
 
 async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
-    let url: tokio_tungstenite::tungstenite::http::Uri = spec.url.parse().context("bad --url")?;
+    let target = match spec.sub_urls.len() {
+        0 => &spec.url,
+        n => &spec.sub_urls[(id % n as u64) as usize],
+    };
+    let url: tokio_tungstenite::tungstenite::http::Uri = target.parse().context("bad --url")?;
     let host = url.host().context("--url has no host")?;
     let port = url.port_u16().unwrap_or(80);
     let addr: SocketAddr = tokio::net::lookup_host((host, port))
@@ -717,6 +725,7 @@ mod tests {
     fn spec_topic_lookup() {
         let spec = ClientSpec {
             url: String::new(),
+            sub_urls: Vec::new(),
             topics: 5,
             subs_per_client: 1,
             topic_prefix: "shares".into(),

@@ -23,6 +23,8 @@ use crate::wire;
 /// What every runner needs.
 pub struct Ctx {
     pub url: String,
+    /// Subscribers' URLs, round-robin (`--sub-url`); empty: subscribers use `url`.
+    pub sub_urls: Vec<String>,
     pub progress: Progress,
     /// Set on Ctrl-C.
     pub stop: Arc<AtomicBool>,
@@ -168,6 +170,7 @@ fn finish(ctx: &Ctx, step: &Step, mut r: StepResult) -> StepResult {
 fn client_spec(ctx: &Ctx, p: &Params, max_message: usize) -> ClientSpec {
     ClientSpec {
         url: ctx.url.clone(),
+        sub_urls: ctx.sub_urls.clone(),
         topics: p.topic_count(),
         subs_per_client: p.subs_per_client,
         topic_prefix: p.topic_prefix.clone(),

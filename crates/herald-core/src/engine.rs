@@ -82,6 +82,24 @@ impl Default for EngineConfig {
 
 pub type ConnId = u32;
 
+/// A change in the set of patterns this engine's connections hold: the first subscriber to a
+/// pattern adds it, the last one to leave removes it. A cluster bridge subscribes upstream only
+/// to what local clients want (see [`Engine::track_interest`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Interest {
+    Added(String),
+    Removed(String),
+}
+
+/// What publishing a message another node numbered did (see [`Engine::publish_remote`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemotePublished {
+    pub published: Published,
+    /// Messages of the origin's epoch that never arrived before this one; local subscribers of
+    /// the topic were sent a `dropped` notice with this count.
+    pub missed: u64,
+}
+
 /// What a publish did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Published {
@@ -121,6 +139,11 @@ struct TopicState {
     history: VecDeque<Stored>,
     history_bytes: usize,
     last: Option<Frame>,
+    /// The epoch was adopted from another node's message (see [`Engine::publish_remote`]): a
+    /// local publish must start an epoch of its own rather than reuse the origin's numbers.
+    foreign: bool,
+    /// The publish count when the last message from another node was recorded.
+    remote_at: u64,
 }
 
 impl TopicState {
@@ -133,6 +156,15 @@ impl TopicState {
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
+    }
+
+    /// Starts over under `epoch`: what is held belongs to another numbering.
+    fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
+        self.epoch = epoch;
+        self.seq = seq;
+        self.foreign = foreign;
+        self.history.clear();
+        self.history_bytes = 0;
     }
 
     fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
@@ -154,6 +186,9 @@ impl TopicState {
 struct Conn<O> {
     outbox: O,
     patterns: Vec<Box<str>>,
+    /// For each of `patterns`, the publish count when it was subscribed (see
+    /// [`Engine::publish_remote`]: who was listening before a hole).
+    subscribed_at: Vec<u64>,
     /// The last publish that reached this connection: dedupes overlapping patterns in O(1).
     seen: u64,
 }
@@ -168,6 +203,9 @@ pub struct Engine<O> {
     topics_created: u64,
     publish_count: u64,
     subscriptions: usize,
+    /// Subscriber count per pattern, kept only once [`Engine::track_interest`] was called.
+    interest: Option<HashMap<Box<str>, usize>>,
+    interest_changes: Vec<Interest>,
 }
 
 impl<O: Outbox> Engine<O> {
@@ -184,7 +222,59 @@ impl<O: Outbox> Engine<O> {
             topics_created: 0,
             publish_count: 0,
             subscriptions: 0,
+            interest: None,
+            interest_changes: Vec::new(),
         }
+    }
+
+    /// From now on, record [`Interest`] changes for [`Engine::take_interest_changes`]. Patterns
+    /// already held are reported as added.
+    pub fn track_interest(&mut self) {
+        let mut counts: HashMap<Box<str>, usize> = HashMap::new();
+        for c in self.conns.iter().flatten() {
+            for p in &c.patterns {
+                *counts.entry(p.clone()).or_default() += 1;
+            }
+        }
+        self.interest_changes = counts
+            .keys()
+            .map(|p| Interest::Added(p.to_string()))
+            .collect();
+        self.interest = Some(counts);
+    }
+
+    /// The interest changes since the last call, in order.
+    pub fn take_interest_changes(&mut self) -> Vec<Interest> {
+        std::mem::take(&mut self.interest_changes)
+    }
+
+    fn interest_up(&mut self, pattern: &str) {
+        if let Some(counts) = self.interest.as_mut() {
+            let n = counts.entry(pattern.into()).or_default();
+            *n += 1;
+            if *n == 1 {
+                self.interest_changes
+                    .push(Interest::Added(pattern.to_owned()));
+            }
+        }
+    }
+
+    fn interest_down(&mut self, pattern: &str) {
+        if let Some(counts) = self.interest.as_mut() {
+            if let Some(n) = counts.get_mut(pattern) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(pattern);
+                    self.interest_changes
+                        .push(Interest::Removed(pattern.to_owned()));
+                }
+            }
+        }
+    }
+
+    /// The epoch of topic `name`, if it has state.
+    pub fn epoch_of(&self, name: &str) -> Option<&str> {
+        self.topics.get(name).map(|t| t.epoch.as_str())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -195,6 +285,7 @@ impl<O: Outbox> Engine<O> {
         let conn = Some(Conn {
             outbox,
             patterns: Vec::new(),
+            subscribed_at: Vec::new(),
             seen: 0,
         });
         match self.free.pop() {
@@ -214,6 +305,7 @@ impl<O: Outbox> Engine<O> {
         let conn = self.conns.get_mut(id as usize)?.take()?;
         for pattern in &conn.patterns {
             self.index.remove(pattern, id);
+            self.interest_down(pattern);
         }
         self.subscriptions -= conn.patterns.len();
         self.free.push(id);
@@ -312,6 +404,119 @@ impl<O: Outbox> Engine<O> {
     /// Publishes a message: assigns the topic's next sequence number, encodes the frame once,
     /// records it, and hands it to every matching connection once.
     pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
+        self.check(p)?;
+        let state = self.topic_state_of(&p.topic);
+        if state.foreign {
+            self.topics_created += 1;
+            let epoch = new_epoch(self.epoch_seed, self.topics_created);
+            let state = self
+                .topics
+                .get_mut(p.topic.as_str())
+                .expect("created above");
+            state.restart(epoch, 0, false);
+        }
+        Ok(self.append(p, now_us))
+    }
+
+    /// Publishes a message another node published and numbered `(epoch, seq)`, keeping its
+    /// numbers so that every node holds the same `(epoch, seq)` for it: a subscriber that moves
+    /// to another node recovers with `since` as if it had stayed. A different epoch is adopted
+    /// (what was held is dropped: it belongs to another numbering); a message not newer than
+    /// the last is ignored (a duplicate); a jump in `seq` means messages were lost on the way,
+    /// so history is dropped (recovery across the hole reports it) and matching subscribers
+    /// are sent a `dropped` notice with the count before the message.
+    pub fn publish_remote(
+        &mut self,
+        p: &Publish,
+        epoch: &str,
+        seq: u64,
+        now_us: u64,
+    ) -> Result<RemotePublished, ProtocolError> {
+        self.check(p)?;
+        let state = self.topic_state_of(&p.topic);
+        let mut missed = 0;
+        if state.epoch != epoch {
+            state.restart(epoch.to_owned(), seq.saturating_sub(1), true);
+        } else if seq <= state.seq {
+            let published = Published {
+                seq,
+                deliveries: 0,
+                frame_len: 0,
+            };
+            return Ok(RemotePublished { published, missed });
+        } else if seq > state.seq + 1 {
+            missed = seq - state.seq - 1;
+            let epoch = state.epoch.clone();
+            state.restart(epoch, seq - 1, true);
+        }
+        let before = state.remote_at;
+        if missed > 0 {
+            self.notify_hole(&p.topic, missed, before);
+        }
+        let published = self.append(p, now_us);
+        let at = self.publish_count;
+        if let Some(state) = self.topics.get_mut(p.topic.as_str()) {
+            state.remote_at = at;
+        }
+        Ok(RemotePublished { published, missed })
+    }
+
+    /// Tells the subscribers of `name` that were already listening when its previous remote
+    /// message arrived (publish count `before`) that `missed` messages never came. Those who
+    /// subscribed later did not miss them: this node was not following the topic meanwhile.
+    fn notify_hole(&mut self, name: &str, missed: u64, before: u64) {
+        let notice = wire::encode_reply(&Reply::Dropped {
+            topic: name.to_owned(),
+            count: missed,
+        });
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let conns = &mut self.conns;
+        self.index.for_each_match(name, |id| {
+            if let Some(c) = conns[id as usize].as_mut() {
+                let listening = c
+                    .patterns
+                    .iter()
+                    .zip(&c.subscribed_at)
+                    .any(|(p, at)| *at <= before && topic::matches(p, name));
+                if c.seen != generation && listening {
+                    c.seen = generation;
+                    c.outbox.send(&notice);
+                }
+            }
+        });
+    }
+
+    /// Calls `f` once for every connection with a subscription matching `name`.
+    fn for_each_subscriber(&mut self, name: &str, mut f: impl FnMut(&O)) -> usize {
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let conns = &mut self.conns;
+        let mut reached = 0;
+        self.index.for_each_match(name, |id| {
+            if let Some(c) = conns[id as usize].as_mut() {
+                if c.seen != generation {
+                    c.seen = generation;
+                    f(&c.outbox);
+                    reached += 1;
+                }
+            }
+        });
+        reached
+    }
+
+    fn topic_state_of(&mut self, name: &str) -> &mut TopicState {
+        topic_entry(
+            &mut self.topics,
+            &self.config,
+            self.epoch_seed,
+            &mut self.topics_created,
+            name,
+        )
+    }
+
+    /// Refuses a message that may not be published: bad topic, too large, text not UTF-8.
+    fn check(&self, p: &Publish) -> Result<(), ProtocolError> {
         let fail = |e: ProtocolError| e.with_id(p.id.clone());
         topic::validate_topic(&p.topic)
             .map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
@@ -331,6 +536,11 @@ impl<O: Outbox> Engine<O> {
                 "a text payload must be valid UTF-8",
             )));
         }
+        Ok(())
+    }
+
+    /// Gives the message its topic's next sequence number, records it and fans it out.
+    fn append(&mut self, p: &Publish, now_us: u64) -> Published {
         let config = &self.config;
         let state = topic_entry(
             &mut self.topics,
@@ -362,35 +572,17 @@ impl<O: Outbox> Engine<O> {
             },
         );
 
-        self.publish_count += 1;
-        let generation = self.publish_count;
-        let conns = &mut self.conns;
-        let mut deliveries = 0;
-        self.index.for_each_match(&p.topic, |id| {
-            if let Some(c) = conns[id as usize].as_mut() {
-                if c.seen != generation {
-                    c.seen = generation;
-                    c.outbox.send(&frame);
-                    deliveries += 1;
-                }
-            }
-        });
-        Ok(Published {
+        let deliveries = self.for_each_subscriber(&p.topic, |outbox| outbox.send(&frame));
+        Published {
             seq,
             deliveries,
             frame_len: frame.len(),
-        })
+        }
     }
 
     #[cfg(test)]
     fn topic_state(&mut self, name: &str) -> &mut TopicState {
-        topic_entry(
-            &mut self.topics,
-            &self.config,
-            self.epoch_seed,
-            &mut self.topics_created,
-            name,
-        )
+        self.topic_state_of(name)
     }
 
     fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
@@ -472,12 +664,19 @@ impl<O: Outbox> Engine<O> {
 
         if !already {
             self.index.insert(&s.topic, conn);
+            self.interest_up(&s.topic);
             self.subscriptions += 1;
             self.conns[conn as usize]
                 .as_mut()
                 .expect("checked above")
                 .patterns
                 .push(s.topic.as_str().into());
+            let at = self.publish_count;
+            self.conns[conn as usize]
+                .as_mut()
+                .expect("checked above")
+                .subscribed_at
+                .push(at);
         }
         let reply = Reply::Subscribed {
             id: s.id,
@@ -537,7 +736,9 @@ impl<O: Outbox> Engine<O> {
             .with_id(id));
         };
         c.patterns.swap_remove(at);
+        c.subscribed_at.swap_remove(at);
         self.index.remove(&pattern, conn);
+        self.interest_down(&pattern);
         self.subscriptions -= 1;
         self.reply(conn, &Reply::Unsubscribed { id, topic: pattern });
         Ok(())
@@ -555,7 +756,7 @@ fn topic_entry<'a>(
 ) -> &'a mut TopicState {
     if !topics.contains_key(name) {
         *created += 1;
-        let epoch = format!("{:012x}", splitmix64(epoch_seed ^ *created) >> 16);
+        let epoch = new_epoch(epoch_seed, *created);
         let rule = config
             .history
             .iter()
@@ -567,10 +768,17 @@ fn topic_entry<'a>(
             history: VecDeque::new(),
             history_bytes: 0,
             last: None,
+            foreign: false,
+            remote_at: 0,
         };
         topics.insert(name.into(), state);
     }
     topics.get_mut(name).expect("inserted above")
+}
+
+/// The epoch of the `n`th topic state this engine created.
+fn new_epoch(epoch_seed: u64, n: u64) -> String {
+    format!("{:012x}", splitmix64(epoch_seed ^ n) >> 16)
 }
 
 /// A fast, well-mixed 64-bit hash (Steele et al.), enough to make epochs unpredictable between

@@ -6,11 +6,13 @@
 //! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
 //! - [`outbox`]: a connection's bounded outbound queue.
+//! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 
 pub mod engine;
 pub mod grant;
 pub mod index;
 pub mod outbox;
+pub mod subject;
 pub mod topic;
 pub mod wire;
 

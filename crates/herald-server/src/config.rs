@@ -35,6 +35,9 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// TLS on the listener (`[tls]`); plain HTTP unless both paths are set.
     pub tls: TlsConfig,
+    /// Join a cluster of herald nodes through NATS (see docs/cluster.md); absent: run alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats: Option<crate::nats::NatsConfig>,
 }
 
 impl Default for Config {
@@ -51,6 +54,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),
+            nats: None,
         }
     }
 }
@@ -93,6 +97,9 @@ impl Config {
         for rule in &self.history {
             herald_core::topic::validate_pattern(&rule.pattern)
                 .with_context(|| format!("history rule pattern {:?}", rule.pattern))?;
+        }
+        if let Some(nats) = &self.nats {
+            nats.validate()?;
         }
         if self.max_message_bytes == 0 || self.max_outbound_bytes == 0 {
             bail!("max_message_bytes and max_outbound_bytes must be greater than zero");
@@ -140,6 +147,32 @@ mod tests {
                 (c.history[0].max_messages, c.history[0].max_bytes),
                 (7, 1 << 20)
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_nats_flag_sets_only_the_url() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "[nats]\nprefix = \"prod.herald\"")?;
+            let flags = serde_json::json!({ "nats": { "url": "nats://127.0.0.1:4222" } });
+            let c = Config::load(Some(Path::new("c.toml")), flags).unwrap();
+            let nats = c.nats.unwrap();
+            assert_eq!(
+                (nats.url.as_str(), nats.prefix.as_str()),
+                ("nats://127.0.0.1:4222", "prod.herald")
+            );
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("c.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("needs a url"), "{err}");
+            jail.create_file("bad.toml", "[nats]\nurl = \"nats://x\"\nprefix = \"a b\"")?;
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("bad.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("\"a b\""), "{err}");
             Ok(())
         });
     }

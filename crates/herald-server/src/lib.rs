@@ -13,6 +13,7 @@
 //! - [`introspect`]: `GET /api/stats` and `GET /api/topics` (JSON) for the dashboard.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
 //!
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
@@ -22,11 +23,12 @@ pub mod config;
 pub mod connection;
 pub mod dashboard;
 pub mod http;
+pub mod introspect;
 pub mod jwks;
 pub mod limits;
 pub mod listener;
-pub mod introspect;
 pub mod metrics;
+pub mod nats;
 pub mod node;
 pub mod tls;
 pub mod ws;
@@ -61,6 +63,9 @@ impl Server {
                 tracing::error!(error = %format!("{e:#}"), "cannot fetch the JWKS; retrying every 10 s");
             }
             auth.spawn_jwks_refresh();
+        }
+        if let Some(broker) = &node.broker {
+            broker.start(&node).await?;
         }
         Ok(Server { listener, node })
     }

@@ -184,6 +184,12 @@ impl Metrics {
             .inc();
     }
 
+    /// Registers more metrics (e.g. the cluster's) beside these, at construction.
+    pub fn with(mut self, register: impl FnOnce(&mut Registry)) -> Self {
+        register(&mut self.registry);
+        self
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -9,7 +9,7 @@ use crate::auth::{self, Access, Admit, Deadline, Refused};
 use crate::connection::Connection;
 use crate::limits::Meter;
 use crate::metrics::{Disconnect, Reason};
-use crate::node::{now_us, Node};
+use crate::node::Node;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -202,7 +202,7 @@ where
             conn.close_reason().unwrap_or(why)
         }
     };
-    node.engine.lock().disconnect(id);
+    node.disconnect(id);
     node.metrics.disconnected(why);
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
 }
@@ -391,7 +391,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             node.metrics.messages_in_ws.inc();
             node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
         }
-        let handled = node.engine.lock().handle(id, request, now_us());
+        let handled = node.handle(id, request);
         match handled {
             Ok(Some(published)) => {
                 node.metrics.deliveries.inc_by(published.deliveries as u64);

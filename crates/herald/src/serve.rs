@@ -46,6 +46,14 @@ struct Overrides {
     #[command(flatten)]
     #[serde(skip_serializing_if = "TlsOverrides::is_empty")]
     tls: TlsOverrides,
+    /// Join a cluster through this NATS server, e.g. nats://127.0.0.1:4222 (sets `nats.url`)
+    #[arg(long, value_name = "URL")]
+    #[serde(
+        rename = "nats",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "nats_url"
+    )]
+    nats: Option<String>,
 }
 
 /// Flags for the `[tls]` section.
@@ -80,6 +88,14 @@ impl AuthOverrides {
     fn is_empty(&self) -> bool {
         self.hs256_secret_file.is_none()
     }
+}
+
+/// `--nats URL` overrides only the `url` of the `[nats]` table; its other keys stay.
+fn nats_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(1))?;
+    map.serialize_entry("url", url)?;
+    map.end()
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -485,3 +485,100 @@ fn topics_view_counts_each_subscribing_connection_once() {
     let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
     assert_eq!(view.subscribers, 1);
 }
+
+#[test]
+fn interest_is_reported_for_the_first_and_last_subscriber_of_a_pattern() {
+    let mut e = engine();
+    let (a, _) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"before"}"#, 0).unwrap();
+    e.track_interest();
+    assert_eq!(
+        e.take_interest_changes(),
+        vec![Interest::Added("before".into())]
+    );
+    let (b, _) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"x/>"}"#, 0).unwrap();
+    req(&mut e, b, r#"{"op":"sub","topic":"x/>"}"#, 0).unwrap();
+    req(&mut e, b, r#"{"op":"sub","topic":"x/>"}"#, 0).unwrap();
+    assert_eq!(
+        e.take_interest_changes(),
+        vec![Interest::Added("x/>".into())]
+    );
+    req(&mut e, a, r#"{"op":"unsub","topic":"x/>"}"#, 0).unwrap();
+    assert_eq!(e.take_interest_changes(), vec![]);
+    e.disconnect(b);
+    e.disconnect(a);
+    assert_eq!(
+        e.take_interest_changes(),
+        vec![
+            Interest::Removed("x/>".into()),
+            Interest::Removed("before".into())
+        ]
+    );
+}
+
+fn remote(e: &mut Engine<Inbox>, topic: &str, epoch: &str, seq: u64) -> RemotePublished {
+    let p = Publish {
+        id: None,
+        topic: topic.into(),
+        payload: Bytes::from(format!("{epoch}:{seq}")),
+        kind: PayloadKind::Text,
+        content_type: None,
+        stamp: false,
+    };
+    e.publish_remote(&p, epoch, seq, 1_000).unwrap()
+}
+
+#[test]
+fn remote_messages_keep_their_numbers_and_holes_are_reported() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"t"}"#, 0).unwrap();
+    inbox.take();
+    assert_eq!(remote(&mut e, "t", "e1", 5).published.seq, 5);
+    assert_eq!(remote(&mut e, "t", "e1", 6).missed, 0);
+    assert_eq!(
+        remote(&mut e, "t", "e1", 6).published.deliveries,
+        0,
+        "duplicate"
+    );
+    assert_eq!(remote(&mut e, "t", "e1", 9).missed, 2);
+    let got = inbox.take();
+    assert_eq!(data(&got), ["e1:5", "e1:6", "e1:9"]);
+    assert_eq!(got[2], json!({"op":"dropped","topic":"t","count":2}));
+    assert_eq!(
+        (got[3]["seq"].clone(), got[3]["epoch"].clone()),
+        (json!(9), json!("e1"))
+    );
+
+    // A subscriber that joined after this node last heard of the topic missed nothing.
+    let (late, inbox_late) = client(&mut e);
+    req(&mut e, late, r#"{"op":"sub","topic":"t"}"#, 0).unwrap();
+    inbox_late.take();
+    assert_eq!(remote(&mut e, "t", "e1", 12).missed, 2);
+    assert_eq!(
+        inbox.take()[0],
+        json!({"op":"dropped","topic":"t","count":2})
+    );
+    assert_eq!(
+        data(&inbox_late.take()),
+        ["e1:12"],
+        "no notice for the late subscriber"
+    );
+
+    // Recovery across the hole says so; after it, it is exact.
+    let (b, inbox_b) = client(&mut e);
+    let sub = r#"{"op":"sub","topic":"t","since":{"t":{"seq":5,"epoch":"e1"}}}"#;
+    req(&mut e, b, sub, 0).unwrap();
+    let got = inbox_b.take();
+    assert_eq!(got[0]["gaps"][0]["reason"], "history_trimmed");
+    assert_eq!(data(&got), ["e1:12"]);
+
+    // A local publish on an adopted epoch starts an epoch of its own.
+    let p = publish(&mut e, "t", "local");
+    assert_eq!(p.seq, 1);
+    assert_ne!(e.epoch_of("t"), Some("e1"));
+    // And a remote message of another epoch is adopted again.
+    assert_eq!(remote(&mut e, "t", "e2", 3).published.seq, 3);
+    assert_eq!(e.epoch_of("t"), Some("e2"));
+}
