@@ -5,11 +5,13 @@
 //! - [`index`]: the subscription index, a trie that finds who a topic's message goes to.
 //! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
-//! - [`outbox`]: a connection's bounded outbound queue.
+//! - [`outbox`]: a connection's bounded outbound queue, where slow-consumer policies act.
+//! - [`policy`]: the slow-consumer policies and their configured defaults.
 
 pub mod engine;
 pub mod index;
 pub mod outbox;
+pub mod policy;
 pub mod topic;
 pub mod wire;
 

@@ -79,6 +79,12 @@ pub enum Request {
     Ping {
         id: Option<RequestId>,
     },
+    /// Lossless flow control: `n` more messages granted to the subscription `topic`.
+    Credit {
+        id: Option<RequestId>,
+        topic: String,
+        n: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -87,6 +93,12 @@ pub struct Subscribe {
     pub topic: String,
     pub snapshot: bool,
     pub since: HashMap<String, Position>,
+    /// The slow-consumer policy asked for; `None` leaves it to the configured default.
+    pub policy: Option<crate::policy::Policy>,
+    /// `conflate`: at most this many messages per second per topic.
+    pub max_rate: Option<f64>,
+    /// `lossless`: messages granted up front.
+    pub window: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -143,6 +155,14 @@ struct RawRequest<'a> {
     snapshot: bool,
     #[serde(default)]
     since: HashMap<String, Position>,
+    #[serde(default)]
+    policy: Option<crate::policy::Policy>,
+    #[serde(default)]
+    max_rate: Option<f64>,
+    #[serde(default)]
+    window: Option<u64>,
+    #[serde(default)]
+    n: Option<u64>,
 }
 
 /// Decodes a text frame: one JSON object.
@@ -235,17 +255,34 @@ fn into_request(
     let op = raw.op.as_deref().ok_or_else(|| {
         ProtocolError::new(
             "unknown_op",
-            "request has no `op` field; expected one of sub, unsub, pub, ping",
+            "request has no `op` field; expected one of sub, unsub, pub, ping, credit",
         )
         .with_id(id.clone())
     })?;
     match op {
-        "sub" => Ok(Request::Subscribe(Subscribe {
+        "sub" => {
+            if raw.max_rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+                return Err(ProtocolError::new(
+                    "bad_json",
+                    "`max_rate` must be a positive number of messages per second",
+                )
+                .with_id(id));
+            }
+            Ok(Request::Subscribe(Subscribe {
+                topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
+                snapshot: raw.snapshot,
+                since: raw.since,
+                policy: raw.policy,
+                max_rate: raw.max_rate,
+                window: raw.window,
+                id,
+            }))
+        }
+        "credit" => Ok(Request::Credit {
             topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
-            snapshot: raw.snapshot,
-            since: raw.since,
+            n: raw.n.ok_or_else(|| missing("n", op))?,
             id,
-        })),
+        }),
         "unsub" => Ok(Request::Unsubscribe {
             topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
             id,
@@ -265,7 +302,7 @@ fn into_request(
         "ping" => Ok(Request::Ping { id }),
         other => Err(ProtocolError::new(
             "unknown_op",
-            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping"),
+            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping, credit"),
         )
         .with_id(id)),
     }
@@ -374,9 +411,12 @@ pub enum Reply {
         #[serde(skip_serializing_if = "Option::is_none")]
         id: Option<RequestId>,
     },
+    /// `count` messages of `topic` were not delivered to this connection, for `reason`
+    /// (`drop` or `conflate`); sent before the next message of that topic.
     Dropped {
         topic: String,
         count: u64,
+        reason: &'static str,
     },
     Error {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -504,6 +544,24 @@ mod tests {
             }
         );
 
+        let Request::Subscribe(s) = decode_text(
+            r#"{"op":"sub","topic":"a/>","policy":"conflate","max_rate":2.5,"window":4}"#,
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (s.policy, s.max_rate, s.window),
+            (Some(crate::policy::Policy::Conflate), Some(2.5), Some(4))
+        );
+        assert_eq!(
+            decode_text(r#"{"op":"credit","topic":"a/>","n":3}"#).unwrap(),
+            Request::Credit {
+                id: None,
+                topic: "a/>".into(),
+                n: 3
+            }
+        );
         assert_eq!(
             decode_text(r#"{"op":"unsub","id":"u","topic":"a/>"}"#).unwrap(),
             Request::Unsubscribe {
@@ -536,6 +594,9 @@ mod tests {
             (r#"{"op":"dance","id":7}"#, "unknown_op"),
             (r#"{"op":"sub","id":7}"#, "missing_field"),
             (r#"{"op":"pub","id":7,"topic":"a"}"#, "missing_field"),
+            (r#"{"op":"sub","topic":"a","policy":"fast"}"#, "bad_json"),
+            (r#"{"op":"sub","topic":"a","max_rate":0}"#, "bad_json"),
+            (r#"{"op":"credit","topic":"a"}"#, "missing_field"),
         ];
         for (input, code) in cases {
             let err = decode_text(input).unwrap_err();
@@ -657,10 +718,11 @@ mod tests {
         let (_, body) = unframe(&encode_reply(&Reply::Dropped {
             topic: "a".into(),
             count: 3,
+            reason: "drop",
         }));
         assert_eq!(
             serde_json::from_slice::<Value>(&body).unwrap(),
-            json!({"op":"dropped","topic":"a","count":3})
+            json!({"op":"dropped","topic":"a","count":3,"reason":"drop"})
         );
     }
 

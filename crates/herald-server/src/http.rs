@@ -90,7 +90,7 @@ async fn publish(
         content_type,
         stamp: options.stamp,
     };
-    match node.publish_http(&request) {
+    match node.publish_http(&request).await {
         Ok(p) => Json(json!({"topic": request.topic, "seq": p.seq, "deliveries": p.deliveries}))
             .into_response(),
         Err(e) if e.code == "message_too_large" => error(StatusCode::PAYLOAD_TOO_LARGE, e),

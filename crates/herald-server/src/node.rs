@@ -3,12 +3,14 @@
 
 use crate::config::Config;
 use crate::connection::Connection;
-use crate::metrics::{Disconnect, Metrics};
-use herald_core::engine::{Engine, Published};
+use crate::metrics::{Disconnect, Metrics, PolicyAction};
+use herald_core::engine::{ConnId, Engine, Published};
 use herald_core::wire::{ProtocolError, Publish};
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 pub struct Node {
@@ -17,31 +19,91 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// Every WebSocket session, so shutdown can wait for their close frames to go out.
     pub sessions: TaskTracker,
+    /// Wakes publishers held by a `lossless` subscriber: credit was granted, or a subscription
+    /// or connection went away.
+    pub released: Notify,
 }
 
 impl Node {
     pub fn new(config: Config) -> Arc<Node> {
         let engine = Engine::new(config.engine(), rand::random());
+        let patterns: Vec<String> = config.policy.iter().map(|r| r.pattern.clone()).collect();
         Arc::new(Node {
             engine: Mutex::new(engine),
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(&patterns)),
+            released: Notify::new(),
             sessions: TaskTracker::new(),
             config,
         })
     }
 
     /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).
-    pub fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
-        let result = self.engine.lock().publish(p, now_us());
+    pub async fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
+        let result = self
+            .when_admitted(&p.topic, |engine| engine.publish(p, now_us()))
+            .await;
         match &result {
             Ok(published) => {
                 self.metrics.messages_in_http.inc();
                 self.metrics.bytes_in_http.inc_by(p.payload.len() as u64);
-                self.metrics.deliveries.inc_by(published.deliveries as u64);
+                self.published(published);
             }
             Err(e) => self.count_error(e.code),
         }
         result
+    }
+
+    /// Runs `publish` under the engine lock once no `lossless` subscriber of `topic` is out of
+    /// credit, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
+    /// subscribers, see [`Node::published`]). Only this publisher waits: its WebSocket reader or
+    /// HTTP request, never the other publishers.
+    pub async fn when_admitted<R>(
+        &self,
+        topic: &str,
+        publish: impl FnOnce(&mut Engine<Arc<Connection>>) -> R,
+    ) -> R {
+        let deadline = Instant::now() + Duration::from_millis(self.config.lossless_hold_timeout_ms);
+        let mut held = false;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            {
+                let mut engine = self.engine.lock();
+                if !engine.is_held(topic) || Instant::now() >= deadline {
+                    return publish(&mut engine);
+                }
+            }
+            if !held {
+                held = true;
+                self.metrics.policy(PolicyAction::Hold, None, 1);
+            }
+            let _ = tokio::time::timeout_at(deadline, released).await;
+        }
+    }
+
+    /// Accounts for a publish: deliveries, and the `lossless` subscribers it cut because they
+    /// granted no credit within the hold timeout (closed with 4008).
+    pub fn published(&self, published: &Published) {
+        self.metrics.deliveries.inc_by(published.deliveries as u64);
+        if published.cut.is_empty() {
+            return;
+        }
+        let engine = self.engine.lock();
+        let reason = format!(
+            "slow consumer: lossless window not replenished within {} ms",
+            self.config.lossless_hold_timeout_ms
+        );
+        for conn in published.cut.iter().filter_map(|&id| engine.outbox(id)) {
+            self.metrics.policy(PolicyAction::LosslessTimeout, None, 1);
+            conn.close(Disconnect::SlowConsumer, 4008, &reason);
+        }
+    }
+
+    /// A connection ended: publishers it held may go on.
+    pub fn disconnect(&self, id: ConnId) {
+        self.engine.lock().disconnect(id);
+        self.released.notify_waiters();
     }
 
     pub fn count_error(&self, code: &'static str) {

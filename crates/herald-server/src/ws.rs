@@ -100,7 +100,7 @@ where
             (Ok(()), None) => Disconnect::ClientClosed,
         },
     };
-    node.engine.lock().disconnect(id);
+    node.disconnect(id);
     node.metrics.disconnected(why);
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
 }
@@ -184,17 +184,28 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 continue;
             }
         };
-        if let wire::Request::Publish(p) = &request {
-            node.metrics.messages_in_ws.inc();
-            node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
-        }
-        let handled = node.engine.lock().handle(id, request, now_us());
-        match handled {
-            Ok(Some(published)) => {
-                node.metrics.deliveries.inc_by(published.deliveries as u64);
+        let releases = matches!(
+            request,
+            wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }
+        );
+        let handled = match &request {
+            wire::Request::Publish(p) => {
+                node.metrics.messages_in_ws.inc();
+                node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
+                // A lossless subscriber out of credit holds this reader (and only it).
+                let topic = p.topic.clone();
+                node.when_admitted(&topic, |engine| engine.handle(id, request, now_us()))
+                    .await
             }
+            _ => node.engine.lock().handle(id, request, now_us()),
+        };
+        match handled {
+            Ok(Some(published)) => node.published(&published),
             Ok(None) => {}
             Err(code) => node.count_error(code),
+        }
+        if releases {
+            node.released.notify_waiters();
         }
     }
 }
