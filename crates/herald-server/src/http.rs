@@ -2,7 +2,7 @@
 
 use crate::node::Node;
 use crate::ws;
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -68,11 +68,15 @@ async fn publish(
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return too_large();
-    }
-    let Ok(payload) = to_bytes(body, limit).await else {
-        return too_large();
+    let payload = match crate::upload::read_body(body, limit, declared).await {
+        Ok(payload) => payload,
+        Err(crate::upload::BodyError::TooLarge) => return too_large(),
+        Err(crate::upload::BodyError::Broken) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                ProtocolError::new("bad_body", "the request body could not be read"),
+            )
+        }
     };
     let content_type = headers
         .get(header::CONTENT_TYPE)

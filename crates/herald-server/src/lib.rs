@@ -6,6 +6,7 @@
 //! - [`connection`]: a connection's outbound queue and its batching writer.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`upload`]: reading a large HTTP body into one buffer, once.
 //!
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
@@ -15,6 +16,7 @@ pub mod connection;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod upload;
 pub mod ws;
 
 pub use config::Config;

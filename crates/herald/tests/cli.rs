@@ -15,6 +15,11 @@ struct Serve {
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with(&[])
+    }
+
+    /// `herald serve` with more arguments (e.g. `--config`).
+    fn start_with(extra: &[&str]) -> Serve {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -22,6 +27,7 @@ impl Serve {
             .port();
         let child = Command::new(HERALD)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -254,4 +260,145 @@ fn every_command_has_help() {
 fn sigterm_logs_and_exits_zero() {
     let logs = Serve::start().stop();
     assert!(logs.contains("herald stopped"), "{logs}");
+}
+
+/// The server's resident memory now (`VmRSS`, bytes).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A 2048² × 2-byte image whose every byte depends on its index, so corruption shows.
+fn image(index: u32) -> Vec<u8> {
+    (0..2048 * 2048 * 2u32)
+        .map(|i| (i.wrapping_mul(31) ^ index.wrapping_mul(0x9E37)) as u8)
+        .collect()
+}
+
+/// POSTs one body to `/api/publish/{topic}` and returns the status line.
+fn http_publish(port: u16, topic: &str, body: &[u8]) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!(
+        "POST /api/publish/{topic} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Images published over HTTP as fast as possible on a `drop` and on a `conflate` topic: a
+/// subscriber that reads at full speed gets every image; one that reads 4 images/s gets only
+/// whole, uncorrupted images, with every skipped one counted; the server's memory stays bounded.
+#[test]
+fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    const IMAGES: u32 = 40;
+    let limit: u64 = 48 << 20;
+    let config = std::env::temp_dir().join(format!("herald-bulk-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "max_outbound_bytes = {limit}\n[[history]]\npattern = \">\"\nmax_messages = 1\n\
+             [[policy]]\npattern = \"cam/drop\"\npolicy = \"drop\"\n\
+             [[policy]]\npattern = \"cam/conflate\"\npolicy = \"conflate\"\n"
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start_with(&["--config", config.to_str().unwrap()]);
+    let pid = serve.child.id();
+    let images: Vec<Vec<u8>> = (0..IMAGES).map(image).collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut peak = 0u64;
+    for topic in ["cam/drop", "cam/conflate"] {
+        let url = serve.url();
+        let (fast, slow) = runtime.block_on(async {
+            let mut fast = tokio_tungstenite::connect_async(&url).await.unwrap().0;
+            let mut slow = tokio_tungstenite::connect_async(&url).await.unwrap().0;
+            for ws in [&mut fast, &mut slow] {
+                let sub = serde_json::json!({"op": "sub", "topic": topic}).to_string();
+                ws.send(Message::text(sub)).await.unwrap();
+                let reply = ws.next().await.unwrap().unwrap();
+                assert!(reply.to_text().unwrap().contains("subscribed"));
+            }
+            (fast, slow)
+        });
+        // Each reader returns, per image received, (seq, payload intact), and the dropped count.
+        let read = |mut ws: tokio_tungstenite::WebSocketStream<_>, pause: Duration| async move {
+            let (mut got, mut dropped) = (Vec::new(), 0u64);
+            let mut last_seq = 0;
+            while last_seq < IMAGES as u64 {
+                let frame = tokio::time::timeout(Duration::from_secs(60), ws.next())
+                    .await
+                    .expect("a frame within a minute")
+                    .unwrap()
+                    .unwrap();
+                match frame {
+                    Message::Binary(b) => {
+                        let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                        let head: serde_json::Value = serde_json::from_slice(&b[4..4 + n]).unwrap();
+                        last_seq = head["seq"].as_u64().unwrap();
+                        let index = (last_seq - 1) as u32;
+                        got.push((last_seq, b[4 + n..] == image(index)[..]));
+                        tokio::time::sleep(pause).await;
+                    }
+                    Message::Text(t) => {
+                        let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                        assert_eq!(v["op"], "dropped", "{v}");
+                        dropped += v["count"].as_u64().unwrap();
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            (got, dropped)
+        };
+        let fast = runtime.spawn(read(fast, Duration::ZERO));
+        let slow = runtime.spawn(read(slow, Duration::from_millis(250)));
+        let started = Instant::now();
+        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let sampler = {
+            let sampling = sampling.clone();
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(rss_bytes(pid));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                peak
+            })
+        };
+        for img in &images {
+            assert!(http_publish(serve.port, topic, img).contains("200"));
+        }
+        let publish_secs = started.elapsed().as_secs_f64();
+        let (fast, fast_dropped) = runtime.block_on(fast).unwrap();
+        let fast_secs = started.elapsed().as_secs_f64();
+        let (slow, slow_dropped) = runtime.block_on(slow).unwrap();
+        sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+        peak = peak.max(sampler.join().unwrap());
+        let expected: Vec<(u64, bool)> = (1..=IMAGES as u64).map(|s| (s, true)).collect();
+        assert_eq!((fast, fast_dropped), (expected, 0), "{topic}: fast gets every image");
+        assert!(slow.iter().all(|(_, whole)| *whole), "{topic}: slow gets whole images");
+        assert!(slow_dropped > 0, "{topic}: the slow subscriber skipped images");
+        assert_eq!(slow.len() as u64 + slow_dropped, IMAGES as u64, "{topic}");
+        eprintln!(
+            "{topic}: {IMAGES} images of 8 MiB published in {publish_secs:.2} s ({:.1} images/s), fast subscriber done at {fast_secs:.2} s, slow got {} and skipped {slow_dropped}; server peak RSS {} MiB",
+            IMAGES as f64 / publish_secs,
+            slow.len(),
+            peak >> 20
+        );
+    }
+    // Bound: two subscribers' queues (shared frames) plus the image being received and those in
+    // flight, plus a fixed overhead.
+    assert!(peak < 2 * limit + (64 << 20), "peak RSS {} MiB", peak >> 20);
+    serve.stop();
+    let _ = std::fs::remove_file(config);
 }
