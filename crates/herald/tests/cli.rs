@@ -77,6 +77,15 @@ impl Serve {
     }
 }
 
+/// A test that fails before `stop` must not leave the server running (it would also hold the
+/// test harness's output pipes open).
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
@@ -297,6 +306,8 @@ fn http_publish(port: u16, topic: &str, body: &[u8]) -> String {
 /// Images published over HTTP as fast as possible on a `drop` and on a `conflate` topic: a
 /// subscriber that reads at full speed gets every image; one that reads 4 images/s gets only
 /// whole, uncorrupted images, with every skipped one counted; the server's memory stays bounded.
+/// The fast subscriber is `lossless` (window 4): "as fast as possible" is then the fastest pace
+/// at which it can take every image, and the slow one must not slow that pace.
 #[test]
 fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
     use futures_util::{SinkExt, StreamExt};
@@ -315,7 +326,8 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
     .unwrap();
     let serve = Serve::start_with(&["--config", config.to_str().unwrap()]);
     let pid = serve.child.id();
-    let images: Vec<Vec<u8>> = (0..IMAGES).map(image).collect();
+    let images: std::sync::Arc<Vec<Vec<u8>>> =
+        std::sync::Arc::new((0..IMAGES).map(image).collect());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut peak = 0u64;
     for topic in ["cam/drop", "cam/conflate"] {
@@ -323,8 +335,11 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
         let (fast, slow) = runtime.block_on(async {
             let mut fast = tokio_tungstenite::connect_async(&url).await.unwrap().0;
             let mut slow = tokio_tungstenite::connect_async(&url).await.unwrap().0;
-            for ws in [&mut fast, &mut slow] {
-                let sub = serde_json::json!({"op": "sub", "topic": topic}).to_string();
+            let lossless =
+                serde_json::json!({"op": "sub", "topic": topic, "policy": "lossless", "window": 4});
+            let default = serde_json::json!({"op": "sub", "topic": topic});
+            for (ws, sub) in [(&mut fast, lossless), (&mut slow, default)] {
+                let sub = sub.to_string();
                 ws.send(Message::text(sub)).await.unwrap();
                 let reply = ws.next().await.unwrap().unwrap();
                 assert!(reply.to_text().unwrap().contains("subscribed"));
@@ -332,33 +347,43 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
             (fast, slow)
         });
         // Each reader returns, per image received, (seq, payload intact), and the dropped count.
-        let read = |mut ws: tokio_tungstenite::WebSocketStream<_>, pause: Duration| async move {
-            let (mut got, mut dropped) = (Vec::new(), 0u64);
-            let mut last_seq = 0;
-            while last_seq < IMAGES as u64 {
-                let frame = tokio::time::timeout(Duration::from_secs(60), ws.next())
-                    .await
-                    .expect("a frame within a minute")
-                    .unwrap()
-                    .unwrap();
-                match frame {
-                    Message::Binary(b) => {
-                        let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
-                        let head: serde_json::Value = serde_json::from_slice(&b[4..4 + n]).unwrap();
-                        last_seq = head["seq"].as_u64().unwrap();
-                        let index = (last_seq - 1) as u32;
-                        got.push((last_seq, b[4 + n..] == image(index)[..]));
-                        tokio::time::sleep(pause).await;
+        let read = |mut ws: tokio_tungstenite::WebSocketStream<_>, pause: Duration| {
+            let images = images.clone();
+            async move {
+                let (mut got, mut dropped) = (Vec::new(), 0u64);
+                let mut last_seq = 0;
+                while last_seq < IMAGES as u64 {
+                    let frame = tokio::time::timeout(Duration::from_secs(60), ws.next())
+                        .await
+                        .expect("a frame within a minute")
+                        .unwrap()
+                        .unwrap();
+                    match frame {
+                        Message::Binary(b) => {
+                            let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                            let head: serde_json::Value =
+                                serde_json::from_slice(&b[4..4 + n]).unwrap();
+                            last_seq = head["seq"].as_u64().unwrap();
+                            let index = (last_seq - 1) as u32;
+                            got.push((last_seq, b[4 + n..] == images[index as usize][..]));
+                            tokio::time::sleep(pause).await;
+                            if pause.is_zero() {
+                                // The fast (lossless) reader grants one more image per image read.
+                                let credit =
+                                    serde_json::json!({"op": "credit", "topic": topic, "n": 1});
+                                ws.send(Message::text(credit.to_string())).await.unwrap();
+                            }
+                        }
+                        Message::Text(t) => {
+                            let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                            assert_eq!(v["op"], "dropped", "{v}");
+                            dropped += v["count"].as_u64().unwrap();
+                        }
+                        other => panic!("{other:?}"),
                     }
-                    Message::Text(t) => {
-                        let v: serde_json::Value = serde_json::from_str(&t).unwrap();
-                        assert_eq!(v["op"], "dropped", "{v}");
-                        dropped += v["count"].as_u64().unwrap();
-                    }
-                    other => panic!("{other:?}"),
                 }
+                (got, dropped)
             }
-            (got, dropped)
         };
         let fast = runtime.spawn(read(fast, Duration::ZERO));
         let slow = runtime.spawn(read(slow, Duration::from_millis(250)));
@@ -375,7 +400,7 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
                 peak
             })
         };
-        for img in &images {
+        for img in images.iter() {
             assert!(http_publish(serve.port, topic, img).contains("200"));
         }
         let publish_secs = started.elapsed().as_secs_f64();
@@ -385,9 +410,19 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
         sampling.store(false, std::sync::atomic::Ordering::Relaxed);
         peak = peak.max(sampler.join().unwrap());
         let expected: Vec<(u64, bool)> = (1..=IMAGES as u64).map(|s| (s, true)).collect();
-        assert_eq!((fast, fast_dropped), (expected, 0), "{topic}: fast gets every image");
-        assert!(slow.iter().all(|(_, whole)| *whole), "{topic}: slow gets whole images");
-        assert!(slow_dropped > 0, "{topic}: the slow subscriber skipped images");
+        assert_eq!(
+            (fast, fast_dropped),
+            (expected, 0),
+            "{topic}: fast gets every image"
+        );
+        assert!(
+            slow.iter().all(|(_, whole)| *whole),
+            "{topic}: slow gets whole images"
+        );
+        assert!(
+            slow_dropped > 0,
+            "{topic}: the slow subscriber skipped images"
+        );
         assert_eq!(slow.len() as u64 + slow_dropped, IMAGES as u64, "{topic}");
         eprintln!(
             "{topic}: {IMAGES} images of 8 MiB published in {publish_secs:.2} s ({:.1} images/s), fast subscriber done at {fast_secs:.2} s, slow got {} and skipped {slow_dropped}; server peak RSS {} MiB",
