@@ -7,6 +7,7 @@
 
 mod client;
 mod publish;
+mod save;
 mod serve;
 mod subscribe;
 

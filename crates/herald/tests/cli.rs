@@ -437,3 +437,82 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
     serve.stop();
     let _ = std::fs::remove_file(config);
 }
+
+/// `sub --save-dir --exec`: each message becomes a file named by topic and seq with an extension
+/// from its content type, and the command runs once per file, in order, with its path.
+#[test]
+fn sub_save_dir_writes_files_and_exec_runs_per_message() {
+    let serve = Serve::start();
+    let dir = std::env::temp_dir().join(format!("herald-save-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = dir.with_extension("log");
+    let command = format!(
+        "sh -c 'wc -c < \"$0\" | tr -d \" \" >> {}; echo \"$HERALD_TOPIC $0\" >> {}'",
+        log.display(),
+        log.display()
+    );
+    let (mut sub, stdout) = start_sub(
+        &serve,
+        &[
+            "cam/>",
+            "--count",
+            "3",
+            "--policy",
+            "lossless",
+            "--window",
+            "1",
+            "--save-dir",
+            dir.to_str().unwrap(),
+            "--exec",
+            &command,
+        ],
+    );
+    let image = std::env::temp_dir().join(format!("herald-save-{}.fits", std::process::id()));
+    std::fs::write(&image, vec![7u8; 5000]).unwrap();
+    for (topic, ct) in [
+        ("cam/1/raw", "image/fits"),
+        ("cam/1/raw", "image/fits"),
+        ("cam/2", "application/json"),
+    ] {
+        let mut args = vec!["pub", topic, "--ct", ct];
+        if ct == "image/fits" {
+            args.extend(["--file", image.to_str().unwrap()]);
+        } else {
+            args.push("{\"ok\":true}");
+        }
+        assert!(serve.herald(&args).status().unwrap().success());
+    }
+    assert!(sub.wait().unwrap().success());
+    let printed: Vec<String> = stdout.lines().map(Result::unwrap).collect();
+    let names = ["cam_1_raw-1.fits", "cam_1_raw-2.fits", "cam_2-1.json"];
+    let expected: Vec<String> = names
+        .iter()
+        .map(|n| dir.join(n).display().to_string())
+        .collect();
+    assert_eq!(printed, expected);
+    assert_eq!(std::fs::read(dir.join(names[0])).unwrap(), vec![7u8; 5000]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join(names[2])).unwrap(),
+        "{\"ok\":true}"
+    );
+    let ran: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            "5000".to_owned(),
+            format!("cam/1/raw {}", expected[0]),
+            "5000".to_owned(),
+            format!("cam/1/raw {}", expected[1]),
+            "11".to_owned(),
+            format!("cam/2 {}", expected[2]),
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&image);
+    serve.stop();
+}
