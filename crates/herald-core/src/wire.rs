@@ -491,6 +491,35 @@ pub fn encode_control(op: OpCode, payload: &[u8]) -> Frame {
     }
 }
 
+/// A binary WebSocket message carrying `payload` as it is (shared, not copied): the raw
+/// framing of protocols other than herald's own (VBDS image chunks).
+pub fn encode_binary(payload: Bytes) -> Frame {
+    Frame {
+        head: Bytes::from(ws_header(OpCode::Binary, payload.len())),
+        body: payload,
+    }
+}
+
+/// The sequence number in the header of an encoded binary message frame (see
+/// [`encode_message`]), or `None` for any other frame.
+pub fn binary_message_seq(frame: &Frame) -> Option<u64> {
+    let head = &frame.head[..];
+    if head.first() != Some(&(0x80 | OpCode::Binary as u8)) {
+        return None;
+    }
+    let at = match head.get(1)? & 0x7F {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    };
+    let (json, _) = split_binary(head.get(at..)?).ok()?;
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    serde_json::from_str::<Seq>(json).ok().map(|s| s.seq)
+}
+
 /// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2).
 fn ws_header(op: OpCode, len: usize) -> Vec<u8> {
     let mut h = Vec::with_capacity(10);
@@ -687,6 +716,23 @@ mod tests {
             );
             assert_eq!(&body[4 + n..], &payload[..]);
         }
+    }
+
+    #[test]
+    fn a_binary_message_frame_tells_its_seq() {
+        for size in [0usize, 200, 70_000] {
+            let payload = Bytes::from(vec![1u8; size]);
+            let frame = encode_message(&meta("v/a", None, None), PayloadKind::Binary, &payload);
+            assert_eq!(binary_message_seq(&frame), Some(42));
+        }
+        let text = encode_message(
+            &meta("v/a", None, None),
+            PayloadKind::Text,
+            &Bytes::from("x"),
+        );
+        assert_eq!(binary_message_seq(&text), None);
+        let chunk = encode_binary(Bytes::from_static(b"\n"));
+        assert_eq!(unframe(&chunk), (0x2, b"\n".to_vec()));
     }
 
     #[test]

@@ -122,24 +122,9 @@ impl Connection {
     ) -> io::Result<()> {
         let mut batch = Vec::new();
         loop {
-            let (closed, next_due) = {
-                let mut queue = self.queue.lock();
-                queue.drain_into(&mut batch, now_us());
-                (queue.is_closed(), queue.next_due())
-            };
+            let closed = self.next_frames(&mut batch).await;
             if batch.is_empty() {
-                if closed {
-                    break;
-                }
-                match next_due {
-                    // A throttled (`conflate` with `max_rate`) message waits for its time.
-                    Some(due) => {
-                        let wait = Duration::from_micros(due.saturating_sub(now_us()));
-                        let _ = tokio::time::timeout(wait, self.wake.notified()).await;
-                    }
-                    None => self.wake.notified().await,
-                }
-                continue;
+                break;
             }
             {
                 let write = write_frames(&mut io, &batch);
@@ -164,6 +149,31 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Waits until frames may go, moves them into `batch`, and says whether the queue is closed
+    /// (then nothing follows what was moved). Returns with an empty batch only once closed.
+    pub async fn next_frames(&self, batch: &mut Vec<Frame>) -> bool {
+        loop {
+            let (closed, next_due) = {
+                let mut queue = self.queue.lock();
+                queue.drain_into(batch, now_us());
+                (queue.is_closed(), queue.next_due())
+            };
+            if !batch.is_empty() || closed {
+                return closed;
+            }
+            match next_due {
+                // A throttled (`conflate` with `max_rate`) message waits for its time.
+                Some(due) => {
+                    let wait = Duration::from_micros(due.saturating_sub(now_us()));
+                    let _ = tokio::time::timeout(wait, self.wake.notified()).await;
+                }
+                None => self.wake.notified().await,
+            }
+        }
+    }
+}
+
 async fn bounded(
     grace: Duration,
     write: impl std::future::Future<Output = io::Result<()>>,
@@ -179,7 +189,10 @@ async fn bounded(
 }
 
 /// Writes every frame with as few vectored writes as the socket allows.
-async fn write_frames<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Frame]) -> io::Result<()> {
+pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    frames: &[Frame],
+) -> io::Result<()> {
     // At most IOV_MAX (1024 on Linux) slices per system call.
     const MAX_SLICES: usize = 1024;
     let mut chunks: Vec<&[u8]> = Vec::with_capacity(frames.len() * 2);

@@ -22,6 +22,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/publish", post(missing_topic))
         .route("/api/publish/", post(missing_topic))
         .route("/api/publish/{*topic}", post(publish))
+        .merge(crate::vbds::router(node.config.max_message_bytes))
         .fallback(not_found)
         .with_state(node)
 }

@@ -7,6 +7,7 @@
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
+//! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
@@ -17,6 +18,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod upload;
+pub mod vbds;
 pub mod ws;
 
 pub use config::Config;

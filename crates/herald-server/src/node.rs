@@ -22,6 +22,8 @@ pub struct Node {
     /// Wakes publishers held by a `lossless` subscriber: credit was granted, or a subscription
     /// or connection went away.
     pub released: Notify,
+    /// The VBDS streams (`/vbds/...`).
+    pub vbds: crate::vbds::Streams,
 }
 
 impl Node {
@@ -32,6 +34,7 @@ impl Node {
             engine: Mutex::new(engine),
             metrics: Arc::new(Metrics::new(&patterns)),
             released: Notify::new(),
+            vbds: Default::default(),
             sessions: TaskTracker::new(),
             config,
         })

@@ -24,7 +24,23 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// Bytes a frame may carry beyond `max_message_bytes`: room for a binary frame's JSON header.
 const HEADER_ALLOWANCE: usize = 64 << 10;
 
-pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Response {
+    accept(node, request, |node, read, write| {
+        run_session(node, read, write)
+    })
+}
+
+/// The two halves of an upgraded connection.
+pub type ReadHalf = tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+pub type WriteHalf = tokio::io::WriteHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Answers a WebSocket handshake (or refuses it: not an upgrade, too many connections) and runs
+/// `session` on the upgraded connection, tracked for shutdown and counted in the metrics.
+pub fn accept<F, Fut>(node: Arc<Node>, mut request: Request, session: F) -> Response
+where
+    F: FnOnce(Arc<Node>, ReadHalf, WriteHalf) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     if !fastwebsockets::upgrade::is_upgrade_request(&request) {
         let msg = "this endpoint speaks WebSocket: connect with a WebSocket client (see docs/protocol.md)\n";
         return (
@@ -57,7 +73,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 match upgraded.await {
                     Ok(ws) => {
                         let (read, write) = tokio::io::split(ws.into_inner());
-                        run_session(session_node, read, write).await
+                        session(session_node, read, write).await
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "WebSocket upgrade did not complete");
@@ -105,7 +121,7 @@ where
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
 }
 
-fn frame_limit(node: &Node) -> usize {
+pub(crate) fn frame_limit(node: &Node) -> usize {
     node.config.max_message_bytes + HEADER_ALLOWANCE
 }
 
@@ -212,7 +228,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
 
 /// Whether the client masked the frame. fastwebsockets unmasks without rejecting unmasked client
 /// frames and keeps the mask private; the header it formats carries the mask bit.
-fn is_masked(frame: &mut fastwebsockets::Frame) -> bool {
+pub(crate) fn is_masked(frame: &mut fastwebsockets::Frame) -> bool {
     let mut head = [0u8; 16];
     frame.fmt_head(&mut head);
     head[1] & 0x80 != 0
