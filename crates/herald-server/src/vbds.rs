@@ -322,11 +322,7 @@ async fn read_acks(
         }
         match frame.opcode {
             OpCode::Close => return,
-            OpCode::Text | OpCode::Binary if frame.fin => {
-                if acks.send(()).is_err() {
-                    return;
-                }
-            }
+            OpCode::Text | OpCode::Binary if frame.fin && acks.send(()).is_err() => return,
             _ => {}
         }
     }
