@@ -516,3 +516,194 @@ fn sub_save_dir_writes_files_and_exec_runs_per_message() {
     let _ = std::fs::remove_file(&image);
     serve.stop();
 }
+
+/// CPU seconds a process has used (utime + stime from /proc, at 100 ticks/s).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .map_or(0, |f| f.iter().map(|v| v.parse::<u64>().unwrap_or(0)).sum());
+    ticks as f64 / 100.0
+}
+
+/// Benchmark (run by hand, see bench/RESULTS.md): seed 001's 2048² × 2 images published in
+/// lockstep with a fast subscriber (each image once it has the previous one), without and then
+/// with a slow subscriber (4 images/s) on the same `drop` topic. The fast subscriber's images/s
+/// must not fall by more than 5%.
+#[test]
+#[ignore = "benchmark: cargo test --release -p herald --test cli bench_ -- --ignored --nocapture"]
+fn bench_images_with_a_slow_subscriber() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let images: u32 = std::env::var("HERALD_BENCH_IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let config = std::env::temp_dir().join(format!("herald-bench-img-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "max_outbound_bytes = 134217728\n[[policy]]\npattern = \"cam/>\"\npolicy = \"drop\"\n",
+    )
+    .unwrap();
+    let serve = Serve::start_with(&["--config", config.to_str().unwrap()]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let payload = bytes::Bytes::from(image(1));
+    for with_slow in [false, true, false, true] {
+        let url = serve.url();
+        let payload = payload.clone();
+        let (rate, slow_got) = runtime.block_on(async move {
+            let topic = format!("cam/{with_slow}");
+            let connect = || tokio_tungstenite::connect_async(url.clone());
+            let (mut fast, mut publisher) =
+                (connect().await.unwrap().0, connect().await.unwrap().0);
+            let sub = Message::text(serde_json::json!({"op": "sub", "topic": topic}).to_string());
+            fast.send(sub.clone()).await.unwrap();
+            fast.next().await.unwrap().unwrap();
+            let slow = if with_slow {
+                let mut slow = connect().await.unwrap().0;
+                slow.send(sub).await.unwrap();
+                slow.next().await.unwrap().unwrap();
+                Some(tokio::spawn(async move {
+                    let mut got = 0u32;
+                    while let Some(Ok(m)) = slow.next().await {
+                        if m.is_binary() {
+                            got += 1;
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                    }
+                    got
+                }))
+            } else {
+                None
+            };
+            let head = serde_json::json!({"op": "pub", "topic": topic}).to_string();
+            let mut frame = (head.len() as u32).to_be_bytes().to_vec();
+            frame.extend_from_slice(head.as_bytes());
+            frame.extend_from_slice(&payload);
+            let frame = bytes::Bytes::from(frame);
+            let started = Instant::now();
+            for _ in 0..images {
+                publisher
+                    .send(Message::Binary(frame.clone()))
+                    .await
+                    .unwrap();
+                loop {
+                    if fast.next().await.unwrap().unwrap().is_binary() {
+                        break;
+                    }
+                }
+            }
+            let rate = images as f64 / started.elapsed().as_secs_f64();
+            drop(publisher);
+            let slow_got = match slow {
+                Some(task) => {
+                    task.abort();
+                    "yes".to_owned()
+                }
+                None => "no".to_owned(),
+            };
+            (rate, slow_got)
+        });
+        eprintln!(
+            "2048² × 2 images, slow subscriber: {slow_got}: fast subscriber {rate:.1} images/s"
+        );
+    }
+    serve.stop();
+    let _ = std::fs::remove_file(config);
+}
+
+/// Benchmark (run by hand, see bench/RESULTS.md): 1,000 topics updated round-robin at
+/// HERALD_BENCH_RATE messages/s in total for 10 s, one subscriber on `c/>` with `conflate` and
+/// `max_rate = 2`; reports what it receives per topic per second, that every topic's last
+/// received value is the newest, and herald's CPU with and without that subscriber.
+#[test]
+#[ignore = "benchmark: cargo test --release -p herald --test cli bench_ -- --ignored --nocapture"]
+fn bench_conflation_max_rate() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    const TOPICS: usize = 1000;
+    const SECS: u64 = 10;
+    let rate: u64 = std::env::var("HERALD_BENCH_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    let serve = Serve::start();
+    let pid = serve.child.id();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for with_sub in [false, true] {
+        let url = serve.url();
+        let cpu_before = cpu_secs(pid);
+        let (received, stale, newest_ok, sent) = runtime.block_on(async move {
+            let connect = || tokio_tungstenite::connect_async(url.clone());
+            let mut publisher = connect().await.unwrap().0;
+            let sub = if with_sub {
+                let mut sub = connect().await.unwrap().0;
+                let req = serde_json::json!({"op": "sub", "topic": "c/>", "policy": "conflate", "max_rate": 2});
+                sub.send(Message::text(req.to_string())).await.unwrap();
+                sub.next().await.unwrap().unwrap();
+                Some(tokio::spawn(async move {
+                    let mut last = vec![0u64; TOPICS];
+                    let (mut received, mut stale) = (0u64, 0u64);
+                    loop {
+                        let m = match tokio::time::timeout(Duration::from_secs(2), sub.next()).await {
+                            Ok(Some(Ok(m))) => m,
+                            _ => break,
+                        };
+                        let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                        if v["op"] != "msg" {
+                            continue;
+                        }
+                        let t: usize = v["topic"].as_str().unwrap()[2..].parse().unwrap();
+                        let value: u64 = v["data"].as_str().unwrap().parse().unwrap();
+                        stale += u64::from(value <= last[t]);
+                        last[t] = value;
+                        received += 1;
+                    }
+                    (received, stale, last)
+                }))
+            } else {
+                None
+            };
+            let started = Instant::now();
+            let per_tick = (rate / 100).max(1);
+            let mut sent = 0u64;
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            while started.elapsed() < Duration::from_secs(SECS) {
+                tick.tick().await;
+                for _ in 0..per_tick {
+                    let topic = sent as usize % TOPICS;
+                    sent += 1;
+                    let m = serde_json::json!({"op": "pub", "topic": format!("c/{topic}"), "data": sent.to_string()});
+                    publisher.feed(Message::text(m.to_string())).await.unwrap();
+                }
+                publisher.flush().await.unwrap();
+            }
+            // Every topic's newest value: the last `TOPICS` values sent.
+            match sub {
+                Some(task) => {
+                    let (received, stale, last) = task.await.unwrap();
+                    let newest_ok = (0..TOPICS).all(|t| {
+                        let newest = (1..=sent).rev().find(|v| (*v - 1) as usize % TOPICS == t).unwrap_or(0);
+                        last[t] == newest
+                    });
+                    (received, stale, newest_ok, sent)
+                }
+                None => (0, 0, true, sent),
+            }
+        });
+        let cpu = cpu_secs(pid) - cpu_before;
+        eprintln!(
+            "conflation bench, subscriber {with_sub}: published {sent} ({:.0}/s) on {TOPICS} topics; received {received} = {:.2} msg/s per topic, {stale} stale, newest at the end: {newest_ok}; herald CPU {:.0}% of one core",
+            sent as f64 / SECS as f64,
+            received as f64 / SECS as f64 / TOPICS as f64,
+            cpu / (SECS as f64) * 100.0
+        );
+    }
+    serve.stop();
+}
