@@ -619,7 +619,7 @@ fn bench_images_with_a_slow_subscriber() {
 }
 
 /// Benchmark (run by hand, see bench/RESULTS.md): 1,000 topics updated round-robin at
-/// HERALD_BENCH_RATE messages/s in total for 10 s, one subscriber on `c/>` with `conflate` and
+/// HERALD_BENCH_RATE messages/s in total for 10 s, one subscriber on `c1/>` with `conflate` and
 /// `max_rate = 2`; reports what it receives per topic per second, that every topic's last
 /// received value is the newest, and herald's CPU with and without that subscriber.
 #[test]
@@ -644,7 +644,7 @@ fn bench_conflation_max_rate() {
             let mut publisher = connect().await.unwrap().0;
             let sub = if with_sub {
                 let mut sub = connect().await.unwrap().0;
-                let req = serde_json::json!({"op": "sub", "topic": "c/>", "policy": "conflate", "max_rate": 2});
+                let req = serde_json::json!({"op": "sub", "topic": "c1/>", "policy": "conflate", "max_rate": 2});
                 sub.send(Message::text(req.to_string())).await.unwrap();
                 sub.next().await.unwrap().unwrap();
                 Some(tokio::spawn(async move {
@@ -659,7 +659,7 @@ fn bench_conflation_max_rate() {
                         if v["op"] != "msg" {
                             continue;
                         }
-                        let t: usize = v["topic"].as_str().unwrap()[2..].parse().unwrap();
+                        let t: usize = v["topic"].as_str().unwrap()[3..].parse().unwrap();
                         let value: u64 = v["data"].as_str().unwrap().parse().unwrap();
                         stale += u64::from(value <= last[t]);
                         last[t] = value;
@@ -679,11 +679,18 @@ fn bench_conflation_max_rate() {
                 for _ in 0..per_tick {
                     let topic = sent as usize % TOPICS;
                     sent += 1;
-                    let m = serde_json::json!({"op": "pub", "topic": format!("c/{topic}"), "data": sent.to_string()});
+                    // Each run its own topics, so one run's values never meet the other's.
+                    let m = serde_json::json!({"op": "pub", "topic": format!("c{}/{topic}", u8::from(with_sub)), "data": sent.to_string()});
                     publisher.feed(Message::text(m.to_string())).await.unwrap();
                 }
                 publisher.flush().await.unwrap();
             }
+            // The pong comes after herald has handled every publish before it.
+            let ping = serde_json::json!({"op": "ping", "id": 1}).to_string();
+            publisher.send(Message::text(ping)).await.unwrap();
+            while !publisher.next().await.unwrap().unwrap().to_text().unwrap().contains("pong") {}
+            let ingest_secs = started.elapsed().as_secs_f64();
+            eprintln!("published {sent} in {ingest_secs:.1} s (handled by herald: {:.0}/s)", sent as f64 / ingest_secs);
             // Every topic's newest value: the last `TOPICS` values sent.
             match sub {
                 Some(task) => {
