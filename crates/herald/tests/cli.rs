@@ -642,34 +642,42 @@ fn bench_conflation_max_rate() {
         let (received, stale, newest_ok, sent) = runtime.block_on(async move {
             let connect = || tokio_tungstenite::connect_async(url.clone());
             let mut publisher = connect().await.unwrap().0;
-            let sub = if with_sub {
-                let mut sub = connect().await.unwrap().0;
-                let req = serde_json::json!({"op": "sub", "topic": "c1/>", "policy": "conflate", "max_rate": 2});
-                sub.send(Message::text(req.to_string())).await.unwrap();
-                sub.next().await.unwrap().unwrap();
-                Some(tokio::spawn(async move {
-                    let mut last = vec![0u64; TOPICS];
-                    let (mut received, mut stale) = (0u64, 0u64);
-                    loop {
-                        let m = match tokio::time::timeout(Duration::from_secs(2), sub.next()).await {
-                            Ok(Some(Ok(m))) => m,
-                            _ => break,
-                        };
-                        let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
-                        if v["op"] != "msg" {
-                            continue;
+            // The subscriber runs on its own thread and runtime, so the publisher's loop can
+            // never starve it.
+            let sub = with_sub.then(|| {
+                let (ready_tx, ready) = std::sync::mpsc::channel();
+                let url = url.clone();
+                let thread = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    rt.block_on(async move {
+                        let mut sub = tokio_tungstenite::connect_async(url).await.unwrap().0;
+                        let req = serde_json::json!({"op": "sub", "topic": "c1/>", "policy": "conflate", "max_rate": 2});
+                        sub.send(Message::text(req.to_string())).await.unwrap();
+                        sub.next().await.unwrap().unwrap();
+                        ready_tx.send(()).unwrap();
+                        let mut last = vec![0u64; TOPICS];
+                        let (mut received, mut stale) = (0u64, 0u64);
+                        loop {
+                            let m = match tokio::time::timeout(Duration::from_secs(2), sub.next()).await {
+                                Ok(Some(Ok(m))) => m,
+                                _ => break,
+                            };
+                            let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                            if v["op"] != "msg" {
+                                continue;
+                            }
+                            let t: usize = v["topic"].as_str().unwrap()[3..].parse().unwrap();
+                            let value: u64 = v["data"].as_str().unwrap().parse().unwrap();
+                            stale += u64::from(value <= last[t]);
+                            last[t] = value;
+                            received += 1;
                         }
-                        let t: usize = v["topic"].as_str().unwrap()[3..].parse().unwrap();
-                        let value: u64 = v["data"].as_str().unwrap().parse().unwrap();
-                        stale += u64::from(value <= last[t]);
-                        last[t] = value;
-                        received += 1;
-                    }
-                    (received, stale, last)
-                }))
-            } else {
-                None
-            };
+                        (received, stale, last)
+                    })
+                });
+                ready.recv().unwrap();
+                thread
+            });
             let started = Instant::now();
             let per_tick = (rate / 100).max(1);
             let mut sent = 0u64;
@@ -693,8 +701,8 @@ fn bench_conflation_max_rate() {
             eprintln!("published {sent} in {ingest_secs:.1} s (handled by herald: {:.0}/s)", sent as f64 / ingest_secs);
             // Every topic's newest value: the last `TOPICS` values sent.
             match sub {
-                Some(task) => {
-                    let (received, stale, last) = task.await.unwrap();
+                Some(thread) => {
+                    let (received, stale, last) = thread.join().unwrap();
                     let newest_ok = (0..TOPICS).all(|t| {
                         let newest = (1..=sent).rev().find(|v| (*v - 1) as usize % TOPICS == t).unwrap_or(0);
                         last[t] == newest
