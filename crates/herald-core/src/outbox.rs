@@ -405,7 +405,7 @@ mod policy_tests {
                 q.deliver(&msg(n), &d);
             }
             now += 200;
-            if now % 1000 == 0 {
+            if now.is_multiple_of(1000) {
                 drain(&mut q, now, &mut last, &mut got);
             }
         }

@@ -720,5 +720,6 @@ fn bench_conflation_max_rate() {
             cpu / (SECS as f64) * 100.0
         );
     }
-    serve.stop();
+    let logs = serve.stop();
+    assert!(!logs.contains("panicked"), "{logs}");
 }
