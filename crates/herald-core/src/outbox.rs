@@ -382,17 +382,18 @@ mod policy_tests {
         let mut out = Vec::new();
         let mut n = 0u64;
         let mut now = 1_000_000u64;
-        let mut drain = |q: &mut OutboundQueue, now: u64, last: &mut Vec<u64>, got: &mut Vec<u32>| {
-            q.drain_into(&mut out, now);
-            for f in out.drain(..) {
-                if let Some(v) = value(&f) {
-                    let t = ((v - 1) % 100) as usize;
-                    assert!(v > last[t], "stale");
-                    last[t] = v;
-                    got[t] += 1;
+        let mut drain =
+            |q: &mut OutboundQueue, now: u64, last: &mut Vec<u64>, got: &mut Vec<u32>| {
+                q.drain_into(&mut out, now);
+                for f in out.drain(..) {
+                    if let Some(v) = value(&f) {
+                        let t = ((v - 1) % 100) as usize;
+                        assert!(v > last[t], "stale");
+                        last[t] = v;
+                        got[t] += 1;
+                    }
                 }
-            }
-        };
+            };
         while now < 6_000_000 {
             for topic in &topics {
                 n += 1;
@@ -411,6 +412,11 @@ mod policy_tests {
         }
         drain(&mut q, now + 1_000_000, &mut last, &mut got);
         assert!(got.iter().all(|g| (10..=12).contains(g)), "{got:?}");
-        assert!(last.iter().enumerate().all(|(t, v)| *v == n - 99 + t as u64), "{last:?}");
+        assert!(
+            last.iter()
+                .enumerate()
+                .all(|(t, v)| *v == n - 99 + t as u64),
+            "{last:?}"
+        );
     }
 }
