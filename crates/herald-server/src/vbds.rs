@@ -187,9 +187,14 @@ async fn transfer(
         stream.subscribers.retain(|rx| rx.has_changed().is_ok());
         stream.subscribers.clone()
     };
+    // A subscriber that stops reading in the middle of an image must not hold the publisher for
+    // ever: the wait is bounded like a lossless hold.
+    let deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_millis(node.config.lossless_hold_timeout_ms);
     for mut rx in waiting {
         // Err: the subscriber went away, which settles it too.
-        let _ = rx.wait_for(|p| p.settled(seq, lossless)).await;
+        let settled = rx.wait_for(|p| p.settled(seq, lossless));
+        let _ = tokio::time::timeout_at(deadline, settled).await;
     }
     StatusCode::ACCEPTED.into_response()
 }
