@@ -160,6 +160,11 @@ impl OutboundQueue {
                         self.bytes = self.bytes.saturating_add_signed(grow);
                     } else {
                         self.held_bytes = self.held_bytes.saturating_add_signed(grow);
+                        // Overdue: wake the writer rather than rely on its timer alone (a
+                        // saturated runtime can run timers late).
+                        if d.now_us >= state.last_us.saturating_add(min_interval_us) {
+                            delivered.pushed = Pushed::First;
+                        }
                     }
                     self.note(d.topic.clone(), "conflate");
                     delivered.conflated = 1;

@@ -658,7 +658,7 @@ fn bench_conflation_max_rate() {
                         let mut last = vec![0u64; TOPICS];
                         let (mut received, mut stale) = (0u64, 0u64);
                         loop {
-                            let m = match tokio::time::timeout(Duration::from_secs(2), sub.next()).await {
+                            let m = match tokio::time::timeout(Duration::from_secs(8), sub.next()).await {
                                 Ok(Some(Ok(m))) => m,
                                 _ => break,
                             };
