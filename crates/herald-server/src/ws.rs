@@ -148,7 +148,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
         std::future::ready(Ok::<(), Infallible>(()))
     };
     let mut partial: Option<(OpCode, BytesMut)> = None;
+    let mut handled = 0u32;
     loop {
+        // A publisher whose frames are already buffered never has to wait on its socket, so
+        // this loop would keep its worker thread: yield now and then, so that subscribers'
+        // writers (and their throttle timers) run while herald is saturated.
+        handled = handled.wrapping_add(1);
+        if handled.is_multiple_of(64) {
+            tokio::task::yield_now().await;
+        }
         let mut frame = match reader.read_frame(&mut obliged).await {
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
