@@ -6,24 +6,40 @@
 //! to every matching connection; a connection holding overlapping patterns gets it once.
 
 use crate::index::SubscriptionIndex;
+use crate::outbox::Delivery;
+use crate::policy::{Policy, PolicyRule, QueuePolicy};
 use crate::topic;
 use crate::wire::{
     self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Where a connection's frames go. The server's implementation queues them for the socket
 /// writer; tests collect them.
 pub trait Outbox {
+    /// Replies, replayed and snapshot messages: never dropped.
     fn send(&self, frame: &Frame);
+
+    /// A live message, under the slow-consumer policy that applies to it on this connection.
+    fn deliver(&self, frame: &Frame, _delivery: &Delivery) {
+        self.send(frame)
+    }
 }
 
 impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
     fn send(&self, frame: &Frame) {
         (**self).send(frame)
     }
+
+    fn deliver(&self, frame: &Frame, delivery: &Delivery) {
+        (**self).deliver(frame, delivery)
+    }
 }
+
+/// Messages a `lossless` subscription grants when its request names no `window`.
+pub const DEFAULT_WINDOW: u64 = 16;
 
 /// How much history topics keep: the first rule whose pattern matches a topic applies to it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,11 +84,14 @@ pub struct EngineConfig {
     pub history: Vec<HistoryRule>,
     pub max_subscriptions_per_connection: usize,
     pub max_message_bytes: usize,
+    /// Default slow-consumer policies per topic, first match wins; else `disconnect`.
+    pub policy: Vec<PolicyRule>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
+            policy: Vec::new(),
             history: vec![HistoryRule::default()],
             max_subscriptions_per_connection: 1000,
             max_message_bytes: 64 << 20,
@@ -92,7 +111,7 @@ pub enum Interest {
 }
 
 /// What publishing a message another node numbered did (see [`Engine::publish_remote`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemotePublished {
     pub published: Published,
     /// Messages of the origin's epoch that never arrived before this one; local subscribers of
@@ -101,13 +120,17 @@ pub struct RemotePublished {
 }
 
 /// What a publish did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Published {
     pub seq: u64,
     /// Connections the message was handed to.
     pub deliveries: usize,
     /// Bytes of the shared frame each of them was handed.
     pub frame_len: usize,
+    /// `lossless` subscribers that had granted no more credit: the message could not go to them
+    /// without exceeding their window, so their subscriptions were removed ([`Engine::detach`]);
+    /// the caller closes their connections.
+    pub cut: Vec<ConnId>,
 }
 
 /// One topic as [`Engine::topics`] shows it.
@@ -132,6 +155,10 @@ struct Stored {
 }
 
 struct TopicState {
+    /// The name, shared with every queued delivery of this topic.
+    name: Arc<str>,
+    /// Index into `EngineConfig::policy`: the topic's default slow-consumer policy.
+    policy_rule: Option<usize>,
     seq: u64,
     epoch: String,
     /// Index into `EngineConfig::history`, or `None` for last-value only.
@@ -147,6 +174,15 @@ struct TopicState {
 }
 
 impl TopicState {
+    /// Starts over under `epoch`: what is held belongs to another numbering.
+    fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
+        self.epoch = epoch;
+        self.seq = seq;
+        self.foreign = foreign;
+        self.history.clear();
+        self.history_bytes = 0;
+    }
+
     fn trim_by_age(&mut self, rule: &HistoryRule, now_us: u64) {
         let max_age_us = rule.max_age_secs.saturating_mul(1_000_000);
         while let Some(oldest) = self.history.front() {
@@ -156,15 +192,6 @@ impl TopicState {
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
-    }
-
-    /// Starts over under `epoch`: what is held belongs to another numbering.
-    fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
-        self.epoch = epoch;
-        self.seq = seq;
-        self.foreign = foreign;
-        self.history.clear();
-        self.history_bytes = 0;
     }
 
     fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
@@ -183,14 +210,78 @@ impl TopicState {
     }
 }
 
+struct Sub {
+    pattern: Box<str>,
+    /// Asked for in the request; `None` leaves each topic to its configured default.
+    policy: Option<Policy>,
+    max_rate: Option<f64>,
+    /// `lossless`: messages the subscriber still grants.
+    credit: u64,
+    /// The publish count when it was subscribed (see [`Engine::publish_remote`]: who was
+    /// listening before a hole).
+    subscribed_at: u64,
+}
+
+impl Sub {
+    fn is_explicit(&self) -> bool {
+        self.policy.is_some() || self.max_rate.is_some()
+    }
+
+    fn is_lossless(&self) -> bool {
+        self.policy == Some(Policy::Lossless)
+    }
+}
+
 struct Conn<O> {
     outbox: O,
-    patterns: Vec<Box<str>>,
-    /// For each of `patterns`, the publish count when it was subscribed (see
-    /// [`Engine::publish_remote`]: who was listening before a hole).
-    subscribed_at: Vec<u64>,
+    subs: Vec<Sub>,
+    /// Subscriptions that chose a policy or rate: while none did, every topic takes its
+    /// configured default without looking at the patterns.
+    explicit: usize,
     /// The last publish that reached this connection: dedupes overlapping patterns in O(1).
     seen: u64,
+}
+
+impl<O> Conn<O> {
+    /// The policy for `topic` on this connection, its rate, and the subscription whose credit a
+    /// `lossless` message spends. Among overlapping subscriptions the highest
+    /// [`Policy::rank`] wins, then the earliest subscribed.
+    fn policy_for(&self, topic: &str, default: (Policy, Option<f64>)) -> Chosen {
+        let mut chosen = Chosen {
+            policy: default.0,
+            max_rate: default.1,
+            sub: None,
+        };
+        if self.explicit == 0 {
+            return chosen;
+        }
+        let mut best: Option<Chosen> = None;
+        for (i, s) in self.subs.iter().enumerate() {
+            if !topic::matches(&s.pattern, topic) {
+                continue;
+            }
+            let policy = s.policy.unwrap_or(default.0);
+            if best.is_some_and(|b| b.policy.rank() >= policy.rank()) {
+                continue;
+            }
+            best = Some(Chosen {
+                policy,
+                max_rate: s.max_rate.or(default.1),
+                sub: Some(i),
+            });
+        }
+        if let Some(b) = best {
+            chosen = b;
+        }
+        chosen
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Chosen {
+    policy: Policy,
+    max_rate: Option<f64>,
+    sub: Option<usize>,
 }
 
 pub struct Engine<O> {
@@ -203,6 +294,9 @@ pub struct Engine<O> {
     topics_created: u64,
     publish_count: u64,
     subscriptions: usize,
+    /// `lossless` subscriptions held by all connections: while there are none, publishing
+    /// skips the credit check.
+    lossless: usize,
     /// Subscriber count per pattern, kept only once [`Engine::track_interest`] was called.
     interest: Option<HashMap<Box<str>, usize>>,
     interest_changes: Vec<Interest>,
@@ -222,9 +316,14 @@ impl<O: Outbox> Engine<O> {
             topics_created: 0,
             publish_count: 0,
             subscriptions: 0,
+            lossless: 0,
             interest: None,
             interest_changes: Vec::new(),
         }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     /// From now on, record [`Interest`] changes for [`Engine::take_interest_changes`]. Patterns
@@ -232,8 +331,8 @@ impl<O: Outbox> Engine<O> {
     pub fn track_interest(&mut self) {
         let mut counts: HashMap<Box<str>, usize> = HashMap::new();
         for c in self.conns.iter().flatten() {
-            for p in &c.patterns {
-                *counts.entry(p.clone()).or_default() += 1;
+            for sub in &c.subs {
+                *counts.entry(sub.pattern.clone()).or_default() += 1;
             }
         }
         self.interest_changes = counts
@@ -277,15 +376,11 @@ impl<O: Outbox> Engine<O> {
         self.topics.get(name).map(|t| t.epoch.as_str())
     }
 
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
-    }
-
     pub fn connect(&mut self, outbox: O) -> ConnId {
         let conn = Some(Conn {
             outbox,
-            patterns: Vec::new(),
-            subscribed_at: Vec::new(),
+            subs: Vec::new(),
+            explicit: 0,
             seen: 0,
         });
         match self.free.pop() {
@@ -302,14 +397,32 @@ impl<O: Outbox> Engine<O> {
 
     /// Removes a connection and all its subscriptions, returning its outbox.
     pub fn disconnect(&mut self, id: ConnId) -> Option<O> {
+        self.detach(id);
         let conn = self.conns.get_mut(id as usize)?.take()?;
-        for pattern in &conn.patterns {
-            self.index.remove(pattern, id);
-            self.interest_down(pattern);
-        }
-        self.subscriptions -= conn.patterns.len();
         self.free.push(id);
         Some(conn.outbox)
+    }
+
+    /// Removes every subscription of a connection that is being closed, so that nothing more
+    /// is delivered to it and no publisher waits for it, while its id stays taken until
+    /// [`Engine::disconnect`].
+    pub fn detach(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let subs = std::mem::take(&mut conn.subs);
+        conn.explicit = 0;
+        for sub in subs {
+            self.index.remove(&sub.pattern, id);
+            self.interest_down(&sub.pattern);
+            self.subscriptions -= 1;
+            self.lossless -= usize::from(sub.is_lossless());
+        }
+    }
+
+    /// A connection's outbox, if it is connected.
+    pub fn outbox(&self, id: ConnId) -> Option<&O> {
+        self.conn(id).map(|c| &c.outbox)
     }
 
     pub fn connections(&self) -> impl Iterator<Item = &O> {
@@ -373,15 +486,16 @@ impl<O: Outbox> Engine<O> {
             }),
             Request::Subscribe(s) => self.subscribe(conn, s, now_us).map(|()| None),
             Request::Unsubscribe { id, topic } => self.unsubscribe(conn, id, topic).map(|()| None),
+            Request::Ping { id } => {
+                self.reply(conn, &Reply::Pong { id });
+                Ok(None)
+            }
+            Request::Credit { id, topic, n } => self.credit(conn, id, &topic, n).map(|()| None),
             Request::Auth { id, .. } => Err(ProtocolError::new(
                 "unknown_op",
                 "`auth` is answered by the server's network layer, not the engine",
             )
             .with_id(id)),
-            Request::Ping { id } => {
-                self.reply(conn, &Reply::Pong { id });
-                Ok(None)
-            }
         };
         result.map_err(|e| {
             let code = e.code;
@@ -442,6 +556,7 @@ impl<O: Outbox> Engine<O> {
                 seq,
                 deliveries: 0,
                 frame_len: 0,
+                cut: Vec::new(),
             };
             return Ok(RemotePublished { published, missed });
         } else if seq > state.seq + 1 {
@@ -468,6 +583,7 @@ impl<O: Outbox> Engine<O> {
         let notice = wire::encode_reply(&Reply::Dropped {
             topic: name.to_owned(),
             count: missed,
+            reason: "remote",
         });
         self.publish_count += 1;
         let generation = self.publish_count;
@@ -475,34 +591,15 @@ impl<O: Outbox> Engine<O> {
         self.index.for_each_match(name, |id| {
             if let Some(c) = conns[id as usize].as_mut() {
                 let listening = c
-                    .patterns
+                    .subs
                     .iter()
-                    .zip(&c.subscribed_at)
-                    .any(|(p, at)| *at <= before && topic::matches(p, name));
+                    .any(|sub| sub.subscribed_at <= before && topic::matches(&sub.pattern, name));
                 if c.seen != generation && listening {
                     c.seen = generation;
                     c.outbox.send(&notice);
                 }
             }
         });
-    }
-
-    /// Calls `f` once for every connection with a subscription matching `name`.
-    fn for_each_subscriber(&mut self, name: &str, mut f: impl FnMut(&O)) -> usize {
-        self.publish_count += 1;
-        let generation = self.publish_count;
-        let conns = &mut self.conns;
-        let mut reached = 0;
-        self.index.for_each_match(name, |id| {
-            if let Some(c) = conns[id as usize].as_mut() {
-                if c.seen != generation {
-                    c.seen = generation;
-                    f(&c.outbox);
-                    reached += 1;
-                }
-            }
-        });
-        reached
     }
 
     fn topic_state_of(&mut self, name: &str) -> &mut TopicState {
@@ -539,7 +636,8 @@ impl<O: Outbox> Engine<O> {
         Ok(())
     }
 
-    /// Gives the message its topic's next sequence number, records it and fans it out.
+    /// Gives the message its topic's next sequence number, records it and fans it out under
+    /// each connection's slow-consumer policy.
     fn append(&mut self, p: &Publish, now_us: u64) -> Published {
         let config = &self.config;
         let state = topic_entry(
@@ -550,6 +648,11 @@ impl<O: Outbox> Engine<O> {
             &p.topic,
         );
         state.seq += 1;
+        let name = state.name.clone();
+        let default = state.policy_rule.map_or((Policy::Disconnect, None), |i| {
+            (config.policy[i].policy, config.policy[i].max_rate)
+        });
+        let rule = state.policy_rule;
         let meta = MessageMeta {
             topic: &p.topic,
             seq: state.seq,
@@ -559,12 +662,12 @@ impl<O: Outbox> Engine<O> {
         };
         let frame = wire::encode_message(&meta, p.kind, &p.payload);
         let seq = state.seq;
-        let rule = state.rule.map(|i| &config.history[i]);
-        if let Some(rule) = rule {
-            state.trim_by_age(rule, now_us);
+        let history = state.rule.map(|i| &config.history[i]);
+        if let Some(history) = history {
+            state.trim_by_age(history, now_us);
         }
         state.record(
-            rule,
+            history,
             Stored {
                 seq,
                 at_us: now_us,
@@ -572,11 +675,103 @@ impl<O: Outbox> Engine<O> {
             },
         );
 
-        let deliveries = self.for_each_subscriber(&p.topic, |outbox| outbox.send(&frame));
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let conns = &mut self.conns;
+        let mut deliveries = 0;
+        let mut cut = Vec::new();
+        self.index.for_each_match(&p.topic, |id| {
+            let Some(c) = conns[id as usize].as_mut() else {
+                return;
+            };
+            if c.seen == generation {
+                return;
+            }
+            c.seen = generation;
+            let chosen = c.policy_for(&p.topic, default);
+            if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
+                if c.subs[i].credit == 0 {
+                    cut.push(id);
+                    return;
+                }
+                c.subs[i].credit -= 1;
+            }
+            let delivery = Delivery {
+                topic: &name,
+                policy: QueuePolicy::of(chosen.policy, chosen.max_rate),
+                rule,
+                now_us,
+            };
+            c.outbox.deliver(&frame, &delivery);
+            deliveries += 1;
+        });
+        for &id in &cut {
+            self.detach(id);
+        }
         Published {
             seq,
             deliveries,
             frame_len: frame.len(),
+            cut,
+        }
+    }
+
+    /// Whether a message on `topic` would exceed a `lossless` subscriber's window: its
+    /// publisher should wait for credit (or for the subscriber to go) before publishing.
+    pub fn is_held(&self, topic_name: &str) -> bool {
+        if self.lossless == 0 || topic::validate_topic(topic_name).is_err() {
+            return false;
+        }
+        let default = self
+            .topics
+            .get(topic_name)
+            .and_then(|t| t.policy_rule)
+            .or_else(|| self.policy_rule_for(topic_name))
+            .map_or((Policy::Disconnect, None), |i| {
+                (self.config.policy[i].policy, self.config.policy[i].max_rate)
+            });
+        let mut held = false;
+        self.index.for_each_match(topic_name, |id| {
+            if let Some(c) = self.conns[id as usize].as_ref() {
+                let chosen = c.policy_for(topic_name, default);
+                if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
+                    held |= c.subs[i].credit == 0;
+                }
+            }
+        });
+        held
+    }
+
+    fn policy_rule_for(&self, topic_name: &str) -> Option<usize> {
+        policy_rule(&self.config, topic_name)
+    }
+
+    /// `{"op":"credit"}`: the subscription `pattern` grants `n` more messages.
+    fn credit(
+        &mut self,
+        conn: ConnId,
+        id: Option<wire::RequestId>,
+        pattern: &str,
+        n: u64,
+    ) -> Result<(), ProtocolError> {
+        let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        match c.subs.iter_mut().find(|s| *s.pattern == *pattern) {
+            Some(s) if s.is_lossless() => {
+                s.credit = s.credit.saturating_add(n);
+                Ok(())
+            }
+            Some(_) => Err(ProtocolError::new(
+                "not_lossless",
+                format!("the subscription to {pattern:?} is not lossless; only lossless subscriptions take credit"),
+            )
+            .with_id(id)),
+            None => Err(ProtocolError::new(
+                "not_subscribed",
+                format!("this connection holds no subscription to {pattern:?}; subscribe with \"policy\":\"lossless\" first"),
+            )
+            .with_id(id)),
         }
     }
 
@@ -591,9 +786,9 @@ impl<O: Outbox> Engine<O> {
         let Some(c) = self.conn(conn) else {
             return Ok(());
         };
-        let already = c.patterns.iter().any(|p| **p == *s.topic);
+        let already = c.subs.iter().any(|sub| *sub.pattern == *s.topic);
         let max = self.config.max_subscriptions_per_connection;
-        if !already && c.patterns.len() >= max {
+        if !already && c.subs.len() >= max {
             return Err(fail(
                 "too_many_subscriptions",
                 format!("this connection already holds the maximum of {max} subscriptions; unsubscribe first or raise max_subscriptions_per_connection"),
@@ -662,21 +857,37 @@ impl<O: Outbox> Engine<O> {
             frames.extend(self.last_values(&s.topic, &s.since));
         }
 
-        if !already {
-            self.index.insert(&s.topic, conn);
-            self.interest_up(&s.topic);
-            self.subscriptions += 1;
-            self.conns[conn as usize]
-                .as_mut()
-                .expect("checked above")
-                .patterns
-                .push(s.topic.as_str().into());
-            let at = self.publish_count;
-            self.conns[conn as usize]
-                .as_mut()
-                .expect("checked above")
-                .subscribed_at
-                .push(at);
+        let sub = Sub {
+            pattern: s.topic.as_str().into(),
+            policy: s.policy,
+            max_rate: s.max_rate,
+            credit: if s.policy == Some(Policy::Lossless) {
+                s.window.unwrap_or(DEFAULT_WINDOW)
+            } else {
+                0
+            },
+            subscribed_at: self.publish_count,
+        };
+        self.lossless += usize::from(sub.is_lossless());
+        let c = self.conns[conn as usize].as_mut().expect("checked above");
+        c.explicit += usize::from(sub.is_explicit());
+        match c.subs.iter_mut().find(|old| old.pattern == sub.pattern) {
+            // Subscribing again to the same pattern replaces its options (but it has been
+            // listening since the first time).
+            Some(old) => {
+                c.explicit -= usize::from(old.is_explicit());
+                self.lossless -= usize::from(old.is_lossless());
+                *old = Sub {
+                    subscribed_at: old.subscribed_at,
+                    ..sub
+                };
+            }
+            None => {
+                c.subs.push(sub);
+                self.index.insert(&s.topic, conn);
+                self.interest_up(&s.topic);
+                self.subscriptions += 1;
+            }
         }
         let reply = Reply::Subscribed {
             id: s.id,
@@ -726,7 +937,7 @@ impl<O: Outbox> Engine<O> {
         let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
             return Ok(());
         };
-        let Some(at) = c.patterns.iter().position(|p| **p == *pattern) else {
+        let Some(at) = c.subs.iter().position(|s| *s.pattern == *pattern) else {
             return Err(ProtocolError::new(
                 "not_subscribed",
                 format!(
@@ -735,8 +946,9 @@ impl<O: Outbox> Engine<O> {
             )
             .with_id(id));
         };
-        c.patterns.swap_remove(at);
-        c.subscribed_at.swap_remove(at);
+        let sub = c.subs.remove(at);
+        c.explicit -= usize::from(sub.is_explicit());
+        self.lossless -= usize::from(sub.is_lossless());
         self.index.remove(&pattern, conn);
         self.interest_down(&pattern);
         self.subscriptions -= 1;
@@ -762,6 +974,8 @@ fn topic_entry<'a>(
             .iter()
             .position(|r| topic::matches(&r.pattern, name));
         let state = TopicState {
+            name: name.into(),
+            policy_rule: policy_rule(config, name),
             seq: 0,
             epoch,
             rule,
@@ -779,6 +993,14 @@ fn topic_entry<'a>(
 /// The epoch of the `n`th topic state this engine created.
 fn new_epoch(epoch_seed: u64, n: u64) -> String {
     format!("{:012x}", splitmix64(epoch_seed ^ n) >> 16)
+}
+
+/// The first configured policy rule that matches `name`.
+fn policy_rule(config: &EngineConfig, name: &str) -> Option<usize> {
+    config
+        .policy
+        .iter()
+        .position(|r| topic::matches(&r.pattern, name))
 }
 
 /// A fast, well-mixed 64-bit hash (Steele et al.), enough to make epochs unpredictable between

@@ -7,11 +7,14 @@
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
 //! - [`outbox`]: a connection's bounded outbound queue.
 //! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
+//! - [`outbox`]: a connection's bounded outbound queue, where slow-consumer policies act.
+//! - [`policy`]: the slow-consumer policies and their configured defaults.
 
 pub mod engine;
 pub mod grant;
 pub mod index;
 pub mod outbox;
+pub mod policy;
 pub mod subject;
 pub mod topic;
 pub mod wire;

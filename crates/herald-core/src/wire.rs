@@ -86,6 +86,12 @@ pub enum Request {
         id: Option<RequestId>,
         token: String,
     },
+    /// Lossless flow control: `n` more messages granted to the subscription `topic`.
+    Credit {
+        id: Option<RequestId>,
+        topic: String,
+        n: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -94,6 +100,12 @@ pub struct Subscribe {
     pub topic: String,
     pub snapshot: bool,
     pub since: HashMap<String, Position>,
+    /// The slow-consumer policy asked for; `None` leaves it to the configured default.
+    pub policy: Option<crate::policy::Policy>,
+    /// `conflate`: at most this many messages per second per topic.
+    pub max_rate: Option<f64>,
+    /// `lossless`: messages granted up front.
+    pub window: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -152,6 +164,14 @@ struct RawRequest<'a> {
     since: HashMap<String, Position>,
     #[serde(borrow, default)]
     token: Option<Cow<'a, str>>,
+    #[serde(default)]
+    policy: Option<crate::policy::Policy>,
+    #[serde(default)]
+    max_rate: Option<f64>,
+    #[serde(default)]
+    window: Option<u64>,
+    #[serde(default)]
+    n: Option<u64>,
 }
 
 /// Decodes a text frame: one JSON object.
@@ -244,17 +264,34 @@ fn into_request(
     let op = raw.op.as_deref().ok_or_else(|| {
         ProtocolError::new(
             "unknown_op",
-            "request has no `op` field; expected one of sub, unsub, pub, ping, auth",
+            "request has no `op` field; expected one of sub, unsub, pub, ping, credit, auth",
         )
         .with_id(id.clone())
     })?;
     match op {
-        "sub" => Ok(Request::Subscribe(Subscribe {
+        "sub" => {
+            if raw.max_rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+                return Err(ProtocolError::new(
+                    "bad_json",
+                    "`max_rate` must be a positive number of messages per second",
+                )
+                .with_id(id));
+            }
+            Ok(Request::Subscribe(Subscribe {
+                topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
+                snapshot: raw.snapshot,
+                since: raw.since,
+                policy: raw.policy,
+                max_rate: raw.max_rate,
+                window: raw.window,
+                id,
+            }))
+        }
+        "credit" => Ok(Request::Credit {
             topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
-            snapshot: raw.snapshot,
-            since: raw.since,
+            n: raw.n.ok_or_else(|| missing("n", op))?,
             id,
-        })),
+        }),
         "unsub" => Ok(Request::Unsubscribe {
             topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
             id,
@@ -278,7 +315,7 @@ fn into_request(
         }),
         other => Err(ProtocolError::new(
             "unknown_op",
-            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping, auth"),
+            format!("unknown op {other:?}; expected one of sub, unsub, pub, ping, credit, auth"),
         )
         .with_id(id)),
     }
@@ -394,9 +431,12 @@ pub enum Reply {
         #[serde(skip_serializing_if = "Option::is_none")]
         exp: Option<u64>,
     },
+    /// `count` messages of `topic` were not delivered to this connection, for `reason`
+    /// (`drop` or `conflate`); sent before the next message of that topic.
     Dropped {
         topic: String,
         count: u64,
+        reason: &'static str,
     },
     Error {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -471,6 +511,35 @@ pub fn encode_control(op: OpCode, payload: &[u8]) -> Frame {
     }
 }
 
+/// A binary WebSocket message carrying `payload` as it is (shared, not copied): the raw
+/// framing of protocols other than herald's own (VBDS image chunks).
+pub fn encode_binary(payload: Bytes) -> Frame {
+    Frame {
+        head: Bytes::from(ws_header(OpCode::Binary, payload.len())),
+        body: payload,
+    }
+}
+
+/// The sequence number in the header of an encoded binary message frame (see
+/// [`encode_message`]), or `None` for any other frame.
+pub fn binary_message_seq(frame: &Frame) -> Option<u64> {
+    let head = &frame.head[..];
+    if head.first() != Some(&(0x80 | OpCode::Binary as u8)) {
+        return None;
+    }
+    let at = match head.get(1)? & 0x7F {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    };
+    let (json, _) = split_binary(head.get(at..)?).ok()?;
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    serde_json::from_str::<Seq>(json).ok().map(|s| s.seq)
+}
+
 /// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2).
 fn ws_header(op: OpCode, len: usize) -> Vec<u8> {
     let mut h = Vec::with_capacity(10);
@@ -524,6 +593,24 @@ mod tests {
             }
         );
 
+        let Request::Subscribe(s) = decode_text(
+            r#"{"op":"sub","topic":"a/>","policy":"conflate","max_rate":2.5,"window":4}"#,
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (s.policy, s.max_rate, s.window),
+            (Some(crate::policy::Policy::Conflate), Some(2.5), Some(4))
+        );
+        assert_eq!(
+            decode_text(r#"{"op":"credit","topic":"a/>","n":3}"#).unwrap(),
+            Request::Credit {
+                id: None,
+                topic: "a/>".into(),
+                n: 3
+            }
+        );
         assert_eq!(
             decode_text(r#"{"op":"unsub","id":"u","topic":"a/>"}"#).unwrap(),
             Request::Unsubscribe {
@@ -563,6 +650,9 @@ mod tests {
             (r#"{"op":"dance","id":7}"#, "unknown_op"),
             (r#"{"op":"sub","id":7}"#, "missing_field"),
             (r#"{"op":"pub","id":7,"topic":"a"}"#, "missing_field"),
+            (r#"{"op":"sub","topic":"a","policy":"fast"}"#, "bad_json"),
+            (r#"{"op":"sub","topic":"a","max_rate":0}"#, "bad_json"),
+            (r#"{"op":"credit","topic":"a"}"#, "missing_field"),
         ];
         for (input, code) in cases {
             let err = decode_text(input).unwrap_err();
@@ -656,6 +746,23 @@ mod tests {
     }
 
     #[test]
+    fn a_binary_message_frame_tells_its_seq() {
+        for size in [0usize, 200, 70_000] {
+            let payload = Bytes::from(vec![1u8; size]);
+            let frame = encode_message(&meta("v/a", None, None), PayloadKind::Binary, &payload);
+            assert_eq!(binary_message_seq(&frame), Some(42));
+        }
+        let text = encode_message(
+            &meta("v/a", None, None),
+            PayloadKind::Text,
+            &Bytes::from("x"),
+        );
+        assert_eq!(binary_message_seq(&text), None);
+        let chunk = encode_binary(Bytes::from_static(b"\n"));
+        assert_eq!(unframe(&chunk), (0x2, b"\n".to_vec()));
+    }
+
+    #[test]
     fn replies_serialize_as_documented() {
         let r = Reply::Subscribed {
             id: Some(json!(1)),
@@ -684,10 +791,11 @@ mod tests {
         let (_, body) = unframe(&encode_reply(&Reply::Dropped {
             topic: "a".into(),
             count: 3,
+            reason: "drop",
         }));
         assert_eq!(
             serde_json::from_slice::<Value>(&body).unwrap(),
-            json!({"op":"dropped","topic":"a","count":3})
+            json!({"op":"dropped","topic":"a","count":3,"reason":"drop"})
         );
     }
 

@@ -463,9 +463,10 @@ fn request_id(request: &Request) -> Option<serde_json::Value> {
     match request {
         Request::Subscribe(s) => s.id.clone(),
         Request::Publish(p) => p.id.clone(),
-        Request::Unsubscribe { id, .. } | Request::Ping { id } | Request::Auth { id, .. } => {
-            id.clone()
-        }
+        Request::Unsubscribe { id, .. }
+        | Request::Ping { id }
+        | Request::Auth { id, .. }
+        | Request::Credit { id, .. } => id.clone(),
     }
 }
 

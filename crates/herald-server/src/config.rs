@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use herald_core::engine::{EngineConfig, HistoryRule};
+use herald_core::policy::PolicyRule;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,6 +39,12 @@ pub struct Config {
     /// Join a cluster of herald nodes through NATS (see docs/cluster.md); absent: run alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats: Option<crate::nats::NatsConfig>,
+    /// Default slow-consumer policy per topic, first matching pattern wins; topics no rule
+    /// matches (and subscriptions that name no policy) get `disconnect`.
+    pub policy: Vec<PolicyRule>,
+    /// How long a publish waits for a `lossless` subscriber's credit before that subscriber is
+    /// disconnected and the publish goes ahead (milliseconds).
+    pub lossless_hold_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -55,6 +62,8 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),
             nats: None,
+            policy: engine.policy,
+            lossless_hold_timeout_ms: 5000,
         }
     }
 }
@@ -68,6 +77,7 @@ const ENV_KEYS: &[&str] = &[
     "max_subscriptions_per_connection",
     "max_connections",
     "shutdown_grace_secs",
+    "lossless_hold_timeout_ms",
 ];
 
 impl Config {
@@ -101,6 +111,11 @@ impl Config {
         if let Some(nats) = &self.nats {
             nats.validate()?;
         }
+        for rule in &self.policy {
+            if let Some(problem) = rule.problem() {
+                bail!("policy rule {:?}: {problem}", rule.pattern);
+            }
+        }
         if self.max_message_bytes == 0 || self.max_outbound_bytes == 0 {
             bail!("max_message_bytes and max_outbound_bytes must be greater than zero");
         }
@@ -112,6 +127,7 @@ impl Config {
             history: self.history.clone(),
             max_subscriptions_per_connection: self.max_subscriptions_per_connection,
             max_message_bytes: self.max_message_bytes,
+            policy: self.policy.clone(),
         }
     }
 }
@@ -133,6 +149,10 @@ mod tests {
                 [[history]]
                 pattern = "quotes/>"
                 max_messages = 7
+                [[policy]]
+                pattern = "quotes/>"
+                policy = "conflate"
+                max_rate = 2.0
                 "#,
             )?;
             jail.set_env("HERALD_MAX_CONNECTIONS", "6");
@@ -143,6 +163,10 @@ mod tests {
             assert_eq!(c.max_connections, 6);
             assert_eq!(c.max_outbound_bytes, 1000);
             assert_eq!(c.history.len(), 1);
+            assert_eq!(
+                (c.policy[0].policy, c.policy[0].max_rate),
+                (herald_core::policy::Policy::Conflate, Some(2.0))
+            );
             assert_eq!(
                 (c.history[0].max_messages, c.history[0].max_bytes),
                 (7, 1 << 20)
@@ -192,6 +216,15 @@ mod tests {
                 Config::load(Some(Path::new("bad.toml")), serde_json::json!({})).unwrap_err()
             );
             assert!(err.contains("a/>/b"), "{err}");
+            jail.create_file(
+                "lossless.toml",
+                "[[policy]]\npattern = \"a\"\npolicy = \"lossless\"",
+            )?;
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("lossless.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("credit"), "{err}");
             let err = format!(
                 "{:#}",
                 Config::load(Some(Path::new("missing.toml")), serde_json::json!({})).unwrap_err()

@@ -4,9 +4,10 @@
 //! The writer takes *everything* queued at each turn and sends it with vectored writes, so under
 //! load many messages leave in one system call, and when idle a message leaves at once.
 
-use crate::metrics::{Disconnect, Metrics};
+use crate::metrics::{Disconnect, Metrics, PolicyAction};
+use crate::node::now_us;
 use herald_core::engine::Outbox;
-use herald_core::outbox::{OutboundQueue, Pushed};
+use herald_core::outbox::{Delivery, OutboundQueue, Pushed};
 use herald_core::wire::{self, Frame};
 use parking_lot::Mutex;
 use std::io::{self, IoSlice};
@@ -30,17 +31,20 @@ pub struct Connection {
 impl Outbox for Connection {
     fn send(&self, frame: &Frame) {
         let pushed = self.queue.lock().push(frame.clone());
-        match pushed {
-            Pushed::First => self.wake.notify_one(),
-            Pushed::Queued | Pushed::Closed => {}
-            Pushed::Overflow => {
-                let reason = format!(
-                    "slow consumer: more than {} bytes queued",
-                    self.max_outbound_bytes
-                );
-                self.close(Disconnect::SlowConsumer, 4008, &reason);
-            }
+        self.after_push(pushed, None);
+    }
+
+    fn deliver(&self, frame: &Frame, d: &Delivery) {
+        let delivered = self.queue.lock().deliver(frame, d);
+        if delivered.dropped > 0 {
+            self.metrics
+                .policy(PolicyAction::Drop, d.rule, delivered.dropped);
         }
+        if delivered.conflated > 0 {
+            self.metrics
+                .policy(PolicyAction::Conflate, d.rule, delivered.conflated);
+        }
+        self.after_push(delivered.pushed, d.rule);
     }
 }
 
@@ -54,6 +58,23 @@ impl Connection {
             max_outbound_bytes,
             metrics,
         })
+    }
+
+    /// Wakes the writer for a first frame, or cuts a slow consumer (`rule`: the configured
+    /// policy rule of the message's topic, for the metrics).
+    fn after_push(&self, pushed: Pushed, rule: Option<usize>) {
+        match pushed {
+            Pushed::First => self.wake.notify_one(),
+            Pushed::Queued | Pushed::Closed => {}
+            Pushed::Overflow => {
+                let reason = format!(
+                    "slow consumer: more than {} bytes queued",
+                    self.max_outbound_bytes
+                );
+                self.metrics.policy(PolicyAction::Disconnect, rule, 1);
+                self.close(Disconnect::SlowConsumer, 4008, &reason);
+            }
+        }
     }
 
     /// Queues a close frame; the writer sends it and stops. A slow consumer's backlog is
@@ -101,17 +122,9 @@ impl Connection {
     ) -> io::Result<()> {
         let mut batch = Vec::new();
         loop {
-            let closed = {
-                let mut queue = self.queue.lock();
-                queue.drain_into(&mut batch);
-                queue.is_closed()
-            };
+            let closed = self.next_frames(&mut batch).await;
             if batch.is_empty() {
-                if closed {
-                    break;
-                }
-                self.wake.notified().await;
-                continue;
+                break;
             }
             {
                 let write = write_frames(&mut io, &batch);
@@ -136,6 +149,31 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Waits until frames may go, moves them into `batch`, and says whether the queue is closed
+    /// (then nothing follows what was moved). Returns with an empty batch only once closed.
+    pub async fn next_frames(&self, batch: &mut Vec<Frame>) -> bool {
+        loop {
+            let (closed, next_due) = {
+                let mut queue = self.queue.lock();
+                queue.drain_into(batch, now_us());
+                (queue.is_closed(), queue.next_due())
+            };
+            if !batch.is_empty() || closed {
+                return closed;
+            }
+            match next_due {
+                // A throttled (`conflate` with `max_rate`) message waits for its time.
+                Some(due) => {
+                    let wait = Duration::from_micros(due.saturating_sub(now_us()));
+                    let _ = tokio::time::timeout(wait, self.wake.notified()).await;
+                }
+                None => self.wake.notified().await,
+            }
+        }
+    }
+}
+
 async fn bounded(
     grace: Duration,
     write: impl std::future::Future<Output = io::Result<()>>,
@@ -151,7 +189,10 @@ async fn bounded(
 }
 
 /// Writes every frame with as few vectored writes as the socket allows.
-async fn write_frames<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Frame]) -> io::Result<()> {
+pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    frames: &[Frame],
+) -> io::Result<()> {
     // At most IOV_MAX (1024 on Linux) slices per system call.
     const MAX_SLICES: usize = 1024;
     let mut chunks: Vec<&[u8]> = Vec::with_capacity(frames.len() * 2);

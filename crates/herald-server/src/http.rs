@@ -3,7 +3,7 @@
 use crate::auth::{Caller, Refused};
 use crate::node::Node;
 use crate::{dashboard, introspect, ws};
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,8 +24,25 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/publish", post(missing_topic))
         .route("/api/publish/", post(missing_topic))
         .route("/api/publish/{*topic}", post(publish))
+        .merge(
+            crate::vbds::router(node.config.max_message_bytes).route_layer(
+                axum::middleware::from_fn_with_state(node.clone(), admin_only),
+            ),
+        )
         .fallback(not_found)
         .with_state(node)
+}
+
+/// VBDS had no authentication; with auth on, its API is for holders of the admin API key.
+async fn admin_only(
+    State(node): State<Arc<Node>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Err(refusal) = require_admin(&node, request.headers()) {
+        return refusal;
+    }
+    next.run(request).await
 }
 
 async fn metrics(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
@@ -72,11 +89,15 @@ async fn publish(
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return too_large();
-    }
-    let Ok(payload) = to_bytes(body, limit).await else {
-        return too_large();
+    let payload = match crate::upload::read_body(body, limit, declared).await {
+        Ok(payload) => payload,
+        Err(crate::upload::BodyError::TooLarge) => return too_large(),
+        Err(crate::upload::BodyError::Broken) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                ProtocolError::new("bad_body", "the request body could not be read"),
+            )
+        }
     };
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -94,7 +115,7 @@ async fn publish(
         content_type,
         stamp: options.stamp,
     };
-    match node.publish_http(&request) {
+    match node.publish_http(&request).await {
         Ok(p) => Json(json!({"topic": request.topic, "seq": p.seq, "deliveries": p.deliveries}))
             .into_response(),
         Err(e) if e.code == "message_too_large" => error(StatusCode::PAYLOAD_TOO_LARGE, e),

@@ -14,6 +14,8 @@
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
+//! - [`upload`]: reading a large HTTP body into one buffer, once.
+//! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
@@ -31,6 +33,8 @@ pub mod metrics;
 pub mod nats;
 pub mod node;
 pub mod tls;
+pub mod upload;
+pub mod vbds;
 pub mod ws;
 
 pub use config::Config;

@@ -20,6 +20,50 @@ pub struct Reason {
     pub reason: &'static str,
 }
 
+/// A slow-consumer policy's action, and the configured `[[policy]]` pattern of the topic it
+/// acted on (`none` when no rule matched the topic).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub reason: &'static str,
+    pub pattern: String,
+}
+
+/// What a slow-consumer policy did. Each has one counter per configured rule (plus one for
+/// topics no rule matches), resolved at startup so counting costs one atomic add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyAction {
+    /// `drop`: a whole message dropped.
+    Drop,
+    /// `conflate`: a message superseded by a newer one of its topic.
+    Conflate,
+    /// `disconnect` (or a `lossless` window larger than the queue): connection closed, 4008.
+    Disconnect,
+    /// `lossless`: a publisher made to wait for a subscriber's credit.
+    Hold,
+    /// `lossless`: a subscriber closed because it granted no credit within the hold timeout.
+    LosslessTimeout,
+}
+
+impl PolicyAction {
+    const ALL: [PolicyAction; 5] = [
+        PolicyAction::Drop,
+        PolicyAction::Conflate,
+        PolicyAction::Disconnect,
+        PolicyAction::Hold,
+        PolicyAction::LosslessTimeout,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            PolicyAction::Drop => "drop",
+            PolicyAction::Conflate => "conflate",
+            PolicyAction::Disconnect => "slow_consumer",
+            PolicyAction::Hold => "lossless_hold",
+            PolicyAction::LosslessTimeout => "lossless_timeout",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Code {
     pub code: &'static str,
@@ -78,12 +122,20 @@ pub struct Metrics {
     pub frames_out: Counter,
     pub bytes_out: Counter,
     pub disconnects: Family<Reason, Counter>,
-    pub dropped_messages: Family<Reason, Counter>,
+    /// `[action][rule]`, the last rule slot standing for "no rule".
+    policy: Vec<Vec<Counter>>,
     pub request_errors: Family<Code, Counter>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::new(&[])
+    }
+}
+
+impl Metrics {
+    /// Metrics for a server whose `[[policy]]` rules have these patterns.
+    pub fn new(policy_patterns: &[String]) -> Self {
         let mut registry = Registry::with_prefix("herald");
         let messages_in = Family::<Source, Counter>::default();
         let bytes_in = Family::<Source, Counter>::default();
@@ -109,7 +161,7 @@ impl Default for Metrics {
             frames_out: Counter::default(),
             bytes_out: Counter::default(),
             disconnects: Family::default(),
-            dropped_messages: Family::default(),
+            policy: Vec::new(),
             request_errors: Family::default(),
             registry: Registry::default(),
         };
@@ -160,21 +212,62 @@ impl Default for Metrics {
             "Connections ended, by reason",
             m.disconnects.clone(),
         );
+        let dropped = Family::<PolicyLabels, Counter>::default();
+        let actions = Family::<PolicyLabels, Counter>::default();
+        let patterns: Vec<String> = policy_patterns
+            .iter()
+            .cloned()
+            .chain(["none".to_owned()])
+            .collect();
+        let policy = PolicyAction::ALL
+            .iter()
+            .map(|action| {
+                let family = match action {
+                    PolicyAction::Drop | PolicyAction::Conflate => &dropped,
+                    _ => &actions,
+                };
+                patterns
+                    .iter()
+                    .map(|pattern| {
+                        let labels = PolicyLabels {
+                            reason: action.label(),
+                            pattern: pattern.clone(),
+                        };
+                        let counter = family.get_or_create(&labels).clone();
+                        counter
+                    })
+                    .collect()
+            })
+            .collect();
         registry.register(
             "dropped_messages",
-            "Messages a slow-consumer policy dropped, by reason",
-            m.dropped_messages.clone(),
+            "Messages a slow-consumer policy did not deliver (drop, conflate), by reason and configured topic pattern",
+            dropped,
+        );
+        registry.register(
+            "policy_actions",
+            "Other slow-consumer policy actions (slow_consumer disconnects, lossless_hold of a publisher, lossless_timeout disconnects), by reason and configured topic pattern",
+            actions,
         );
         registry.register(
             "request_errors",
             "Requests refused, by error code",
             m.request_errors.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry,
+            policy,
+            ..m
+        }
     }
-}
 
-impl Metrics {
+    /// Counts `n` policy actions on a topic of configured rule `rule` (`None`: no rule).
+    pub fn policy(&self, action: PolicyAction, rule: Option<usize>, n: u64) {
+        let counters = &self.policy[action as usize];
+        let slot = rule.unwrap_or(counters.len() - 1).min(counters.len() - 1);
+        counters[slot].inc_by(n);
+    }
+
     pub fn disconnected(&self, why: Disconnect) {
         self.connections.dec();
         self.disconnects

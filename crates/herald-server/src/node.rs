@@ -6,14 +6,16 @@ use crate::config::Config;
 use crate::connection::Connection;
 use crate::introspect::Introspection;
 use crate::limits::IpLimits;
-use crate::metrics::{Disconnect, Metrics};
+use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::nats::NatsBroker;
 use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Published};
 use herald_core::wire::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 pub struct Node {
@@ -33,6 +35,11 @@ pub struct Node {
     /// The broker to other nodes; `None`: this node is alone and the engine is the whole
     /// broker (in memory).
     pub broker: Option<NatsBroker>,
+    /// Wakes publishers held by a `lossless` subscriber: credit was granted, or a subscription
+    /// or connection went away.
+    pub released: Notify,
+    /// The VBDS streams (`/vbds/...`).
+    pub vbds: crate::vbds::Streams,
 }
 
 impl Node {
@@ -40,7 +47,8 @@ impl Node {
     pub fn new(config: Config) -> anyhow::Result<Arc<Node>> {
         let mut engine = Engine::new(config.engine(), rand::random());
         let mut broker = None;
-        let metrics = Metrics::default().with(|registry| {
+        let patterns: Vec<String> = config.policy.iter().map(|r| r.pattern.clone()).collect();
+        let metrics = Metrics::new(&patterns).with(|registry| {
             broker = config
                 .nats
                 .clone()
@@ -53,6 +61,8 @@ impl Node {
             engine: Mutex::new(engine),
             metrics: Arc::new(metrics),
             broker,
+            released: Notify::new(),
+            vbds: Default::default(),
             sessions: TaskTracker::new(),
             auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
             ip_limits: IpLimits::new(config.limits.clone()),
@@ -63,59 +73,84 @@ impl Node {
     }
 
     /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).
-    pub fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
-        let now = now_us();
-        let mut engine = self.engine.lock();
-        let result = engine.publish(p, now);
-        if let (Ok(published), Some(broker)) = (&result, &self.broker) {
-            let epoch = engine.epoch_of(&p.topic).unwrap_or_default();
-            broker.publish(p, epoch, published.seq, now);
-        }
-        drop(engine);
+    pub async fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
+        let result = self
+            .when_admitted(&p.topic, |engine| {
+                let now = now_us();
+                let result = engine.publish(p, now);
+                if let Ok(published) = &result {
+                    self.hand_to_broker(engine, p, published, now);
+                }
+                result
+            })
+            .await;
         match &result {
             Ok(published) => {
                 self.metrics.messages_in_http.inc();
                 self.metrics.bytes_in_http.inc_by(p.payload.len() as u64);
-                self.metrics.deliveries.inc_by(published.deliveries as u64);
+                self.published(published);
             }
             Err(e) => self.count_error(e.code),
         }
         result
     }
 
-    /// Carries out a WebSocket client's request. With a broker, a publish is handed on to it
-    /// and interest changes are reported to it, under the engine lock so that NATS sees a
-    /// topic's messages in sequence order.
-    pub fn handle(
+    /// Carries out a WebSocket client's request. A publish waits while a `lossless` subscriber
+    /// of its topic is out of credit ([`Node::when_admitted`]). With a broker, a publish is
+    /// handed on to it and interest changes are reported to it, under the engine lock so that
+    /// NATS sees a topic's messages in sequence order.
+    pub async fn handle(
         &self,
         conn: ConnId,
         request: Request,
     ) -> Result<Option<Published>, &'static str> {
-        let now = now_us();
-        let Some(broker) = &self.broker else {
-            return self.engine.lock().handle(conn, request, now);
-        };
-        let publish = match &request {
-            Request::Publish(p) => Some(p.clone()),
-            _ => None,
-        };
-        let mut engine = self.engine.lock();
-        let result = engine.handle(conn, request, now);
-        if let (Ok(Some(published)), Some(p)) = (&result, &publish) {
-            let epoch = engine.epoch_of(&p.topic).unwrap_or_default();
-            broker.publish(p, epoch, published.seq, now);
+        if let Request::Publish(p) = &request {
+            let topic = p.topic.clone();
+            let publish = self.broker.is_some().then(|| p.clone());
+            return self
+                .when_admitted(&topic, |engine| {
+                    let now = now_us();
+                    let result = engine.handle(conn, request, now);
+                    if let (Ok(Some(published)), Some(p)) = (&result, &publish) {
+                        self.hand_to_broker(engine, p, published, now);
+                    }
+                    result
+                })
+                .await;
         }
-        broker.interest(engine.take_interest_changes());
-        result
-    }
-
-    /// Ends a connection's subscriptions.
-    pub fn disconnect(&self, conn: ConnId) {
         let mut engine = self.engine.lock();
-        engine.disconnect(conn);
+        let result = engine.handle(conn, request, now_us());
         if let Some(broker) = &self.broker {
             broker.interest(engine.take_interest_changes());
         }
+        result
+    }
+
+    /// Hands a message published here to the other nodes, numbered as the engine numbered it.
+    fn hand_to_broker(
+        &self,
+        engine: &Engine<Arc<Connection>>,
+        p: &Publish,
+        published: &Published,
+        now: u64,
+    ) {
+        if let Some(broker) = &self.broker {
+            let epoch = engine.epoch_of(&p.topic).unwrap_or_default();
+            broker.publish(p, epoch, published.seq, now);
+        }
+    }
+
+    /// A connection ended: its subscriptions go (and with them, maybe, this node's interest
+    /// in some patterns), and publishers it held may go on.
+    pub fn disconnect(&self, conn: ConnId) {
+        {
+            let mut engine = self.engine.lock();
+            engine.disconnect(conn);
+            if let Some(broker) = &self.broker {
+                broker.interest(engine.take_interest_changes());
+            }
+        }
+        self.released.notify_waiters();
     }
 
     /// Delivers a message another node published; returns how many of its messages were found
@@ -124,15 +159,61 @@ impl Node {
         let result = self.engine.lock().publish_remote(p, epoch, seq, at_us);
         match result {
             Ok(r) => {
-                self.metrics
-                    .deliveries
-                    .inc_by(r.published.deliveries as u64);
+                // A remote message cannot be held: a lossless subscriber out of credit is cut.
+                self.published(&r.published);
                 (r.missed > 0).then_some(r.missed)
             }
             Err(e) => {
                 tracing::warn!(topic = %p.topic, error = %e, "refused a message from another node");
                 None
             }
+        }
+    }
+
+    /// Runs `publish` under the engine lock once no `lossless` subscriber of `topic` is out of
+    /// credit, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
+    /// subscribers, see [`Node::published`]). Only this publisher waits: its WebSocket reader or
+    /// HTTP request, never the other publishers.
+    pub async fn when_admitted<R>(
+        &self,
+        topic: &str,
+        publish: impl FnOnce(&mut Engine<Arc<Connection>>) -> R,
+    ) -> R {
+        let deadline = Instant::now() + Duration::from_millis(self.config.lossless_hold_timeout_ms);
+        let mut held = false;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            {
+                let mut engine = self.engine.lock();
+                if !engine.is_held(topic) || Instant::now() >= deadline {
+                    return publish(&mut engine);
+                }
+            }
+            if !held {
+                held = true;
+                self.metrics.policy(PolicyAction::Hold, None, 1);
+            }
+            let _ = tokio::time::timeout_at(deadline, released).await;
+        }
+    }
+
+    /// Accounts for a publish: deliveries, and the `lossless` subscribers it cut because they
+    /// granted no credit within the hold timeout (closed with 4008).
+    pub fn published(&self, published: &Published) {
+        self.metrics.deliveries.inc_by(published.deliveries as u64);
+        if published.cut.is_empty() {
+            return;
+        }
+        let engine = self.engine.lock();
+        let reason = format!(
+            "slow consumer: lossless window not replenished within {} ms",
+            self.config.lossless_hold_timeout_ms
+        );
+        for conn in published.cut.iter().filter_map(|&id| engine.outbox(id)) {
+            self.metrics.policy(PolicyAction::LosslessTimeout, None, 1);
+            conn.close(Disconnect::SlowConsumer, 4008, &reason);
         }
     }
 

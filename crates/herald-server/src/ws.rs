@@ -28,7 +28,22 @@ use tokio::sync::watch;
 /// Bytes a frame may carry beyond `max_message_bytes`: room for a binary frame's JSON header.
 const HEADER_ALLOWANCE: usize = 64 << 10;
 
-pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Response {
+    accept(node, request, run_session)
+}
+
+/// The two halves of an upgraded connection.
+pub type ReadHalf = tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+pub type WriteHalf = tokio::io::WriteHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Answers a WebSocket handshake (or refuses it: not an upgrade, an origin not allowed, too many
+/// connections) and runs `session` on the upgraded connection with the token the request
+/// presented, tracked for shutdown and counted in the metrics.
+pub fn accept<F, Fut>(node: Arc<Node>, mut request: Request, session: F) -> Response
+where
+    F: FnOnce(Arc<Node>, ReadHalf, WriteHalf, Option<String>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     if !fastwebsockets::upgrade::is_upgrade_request(&request) {
         let msg = "this endpoint speaks WebSocket: connect with a WebSocket client (see docs/protocol.md)\n";
         return (
@@ -65,7 +80,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 match upgraded.await {
                     Ok(ws) => {
                         let (read, write) = tokio::io::split(ws.into_inner());
-                        run_session(session_node, read, write, token).await
+                        session(session_node, read, write, token).await
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "WebSocket upgrade did not complete");
@@ -281,7 +296,7 @@ async fn lapsed(mut deadline: watch::Receiver<Option<Deadline>>) -> Deadline {
     }
 }
 
-fn frame_limit(node: &Node) -> usize {
+pub(crate) fn frame_limit(node: &Node) -> usize {
     node.config.max_message_bytes + HEADER_ALLOWANCE
 }
 
@@ -311,7 +326,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
         std::future::ready(Ok::<(), Infallible>(()))
     };
     let mut partial: Option<(OpCode, BytesMut)> = None;
+    let mut handled = 0u32;
     loop {
+        // A publisher whose frames are already buffered never has to wait on its socket, so
+        // this loop would keep its worker thread: yield now and then, so that subscribers'
+        // writers (and their throttle timers) run while herald is saturated.
+        handled = handled.wrapping_add(1);
+        if handled.is_multiple_of(64) {
+            tokio::task::yield_now().await;
+        }
         let mut frame = match reader.read_frame(&mut obliged).await {
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
@@ -391,20 +414,26 @@ async fn read_requests<R: AsyncRead + Unpin>(
             node.metrics.messages_in_ws.inc();
             node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
         }
-        let handled = node.handle(id, request);
-        match handled {
-            Ok(Some(published)) => {
-                node.metrics.deliveries.inc_by(published.deliveries as u64);
-            }
+        let releases = matches!(
+            request,
+            wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }
+        );
+        // A publish waits while a lossless subscriber of its topic is out of credit: only this
+        // reader is held.
+        match node.handle(id, request).await {
+            Ok(Some(published)) => node.published(&published),
             Ok(None) => {}
             Err(code) => node.count_error(code),
+        }
+        if releases {
+            node.released.notify_waiters();
         }
     }
 }
 
 /// Whether the client masked the frame. fastwebsockets unmasks without rejecting unmasked client
 /// frames and keeps the mask private; the header it formats carries the mask bit.
-fn is_masked(frame: &mut fastwebsockets::Frame) -> bool {
+pub(crate) fn is_masked(frame: &mut fastwebsockets::Frame) -> bool {
     let mut head = [0u8; 16];
     frame.fmt_head(&mut head);
     head[1] & 0x80 != 0

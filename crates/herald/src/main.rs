@@ -8,6 +8,7 @@
 
 mod client;
 mod publish;
+mod save;
 mod serve;
 mod subscribe;
 mod token;

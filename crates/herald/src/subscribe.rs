@@ -6,6 +6,7 @@ use base64::Engine as _;
 use clap::Args;
 use serde_json::{json, Value};
 use std::io::Write;
+use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct SubArgs {
@@ -24,6 +25,24 @@ pub struct SubArgs {
     /// First receive the last value of every matching topic
     #[arg(long)]
     snapshot: bool,
+    /// Write each message to a file in DIR, named `<topic with / as _>-<seq>.<ext>` (the
+    /// extension from its content type), and print the file's path instead of the payload
+    #[arg(long, value_name = "DIR")]
+    save_dir: Option<PathBuf>,
+    /// Run this shell command for each saved message, with the file's path as its last argument
+    /// (and HERALD_TOPIC, HERALD_SEQ set); the next message waits for it
+    #[arg(long, value_name = "CMD", requires = "save_dir")]
+    exec: Option<String>,
+    /// Slow-consumer policy: disconnect, drop, conflate or lossless (default: the server's)
+    #[arg(long)]
+    policy: Option<String>,
+    /// With --policy conflate: at most this many messages per second per topic
+    #[arg(long)]
+    max_rate: Option<f64>,
+    /// With --policy lossless: messages granted ahead (one more is granted after each message
+    /// is handled, i.e. after --exec finished)
+    #[arg(long)]
+    window: Option<u64>,
     /// herald's WebSocket URL
     #[arg(long, env = "HERALD_URL", default_value = "ws://127.0.0.1:8080/ws")]
     url: String,
@@ -33,11 +52,26 @@ pub struct SubArgs {
 }
 
 pub async fn run(args: SubArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.save_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    }
     let mut socket = client::connect(&args.url, args.token.as_deref()).await?;
     for (id, pattern) in args.patterns.iter().enumerate() {
-        let request = json!({"op": "sub", "id": id, "topic": pattern, "snapshot": args.snapshot});
+        let mut request =
+            json!({"op": "sub", "id": id, "topic": pattern, "snapshot": args.snapshot});
+        if let Some(policy) = &args.policy {
+            request["policy"] = policy.as_str().into();
+        }
+        if let Some(rate) = args.max_rate {
+            request["max_rate"] = rate.into();
+        }
+        if let Some(window) = args.window {
+            request["window"] = window.into();
+        }
         client::send_json(&mut socket, &request).await?;
     }
+    let lossless = args.policy.as_deref() == Some("lossless");
     let mut pending = args.patterns.len();
     let mut received = 0;
     let mut stdout = std::io::stdout().lock();
@@ -48,16 +82,38 @@ pub async fn run(args: SubArgs) -> anyhow::Result<()> {
                 payload,
                 binary,
             } => {
-                print_message(&mut stdout, &args, &header, &payload, binary)?;
+                match &args.save_dir {
+                    Some(dir) => {
+                        let path = crate::save::save(dir, &header, &payload, binary)?;
+                        if let Some(command) = &args.exec {
+                            crate::save::exec(command, &path, &header)?;
+                        }
+                        writeln!(stdout, "{}", path.display())?;
+                        stdout.flush()?;
+                    }
+                    None => print_message(&mut stdout, &args, &header, &payload, binary)?,
+                }
                 received += 1;
+                if lossless {
+                    // Handled: grant one more to the subscription this topic came through.
+                    let topic = header["topic"].as_str().unwrap_or_default();
+                    if let Some(pattern) = args
+                        .patterns
+                        .iter()
+                        .find(|p| herald_core::topic::matches(p, topic))
+                    {
+                        let credit = json!({"op": "credit", "topic": pattern, "n": 1});
+                        client::send_json(&mut socket, &credit).await?;
+                    }
+                }
             }
             Incoming::Control(reply) => {
                 client::check(&reply)?;
                 match reply["op"].as_str() {
                     Some("subscribed") => pending = pending.saturating_sub(1),
                     Some("dropped") => eprintln!(
-                        "herald: the server dropped {} message(s) on {} for this subscriber",
-                        reply["count"], reply["topic"]
+                        "herald: the server dropped {} message(s) on {} for this subscriber ({})",
+                        reply["count"], reply["topic"], reply["reason"]
                     ),
                     _ => {}
                 }

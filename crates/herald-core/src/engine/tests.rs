@@ -545,7 +545,10 @@ fn remote_messages_keep_their_numbers_and_holes_are_reported() {
     assert_eq!(remote(&mut e, "t", "e1", 9).missed, 2);
     let got = inbox.take();
     assert_eq!(data(&got), ["e1:5", "e1:6", "e1:9"]);
-    assert_eq!(got[2], json!({"op":"dropped","topic":"t","count":2}));
+    assert_eq!(
+        got[2],
+        json!({"op":"dropped","topic":"t","count":2,"reason":"remote"})
+    );
     assert_eq!(
         (got[3]["seq"].clone(), got[3]["epoch"].clone()),
         (json!(9), json!("e1"))
@@ -558,7 +561,7 @@ fn remote_messages_keep_their_numbers_and_holes_are_reported() {
     assert_eq!(remote(&mut e, "t", "e1", 12).missed, 2);
     assert_eq!(
         inbox.take()[0],
-        json!({"op":"dropped","topic":"t","count":2})
+        json!({"op":"dropped","topic":"t","count":2,"reason":"remote"})
     );
     assert_eq!(
         data(&inbox_late.take()),
