@@ -122,18 +122,25 @@ async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
     .into_response()
 }
 
-/// The samples of one labelled counter family in the text exposition, by the value of `label`.
+/// One labelled counter family from the text exposition, summed by the value of `label` (a
+/// family may carry other labels too, e.g. the policy pattern); zero totals are left out.
 fn family(text: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
     let key = format!("{label}=\"");
-    text.lines()
-        .filter_map(|line| {
-            let labels = line.strip_prefix(name)?.strip_prefix('{')?;
-            let (labels, value) = labels.rsplit_once("} ")?;
-            let start = labels.find(&key)? + key.len();
-            let end = labels[start..].find('"')? + start;
-            Some((labels[start..end].to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
+    let mut totals = BTreeMap::new();
+    for (value_of_label, count) in text.lines().filter_map(|l| sample(l, name, &key)) {
+        *totals.entry(value_of_label).or_insert(0) += count;
+    }
+    totals.retain(|_, total| *total > 0);
+    totals
+}
+
+/// `name{…key"V"…} N` → (V, N).
+fn sample(line: &str, name: &str, key: &str) -> Option<(String, u64)> {
+    let labels = line.strip_prefix(name)?.strip_prefix('{')?;
+    let (labels, value) = labels.rsplit_once("} ")?;
+    let start = labels.find(key)? + key.len();
+    let end = labels[start..].find('"')? + start;
+    Some((labels[start..end].to_owned(), value.trim().parse().ok()?))
 }
 
 #[derive(Deserialize)]
