@@ -374,9 +374,12 @@ export class HeraldClient {
     this.attempt = 0;
     if (token && this.options.tokenIn === "message") {
       this.request({ op: "auth", token }).then(
-        (r) => this.scheduleRefresh(r),
+        (r) => this.scheduleRefresh(r.exp),
         (e) => this.emit("error", e),
       );
+    } else if (token) {
+      // herald does not report the expiry of a token that came with the upgrade request.
+      this.scheduleRefresh(jwtExpiry(token));
     }
     for (const [pattern, subs] of this.patterns) this.sendSubscribe(pattern, subs, reconnected);
     this.setState("open");
@@ -384,21 +387,28 @@ export class HeraldClient {
   }
 
   /**
-   * Re-authenticates on the live connection before the token expires (`exp` from `authed`).
-   * @param {{exp?: number}} reply
+   * Re-authenticates on the live connection before the token expires: `refreshBeforeSecs`
+   * before `exp`, but never in the first half of the time left, so that a token living less
+   * than `refreshBeforeSecs` is refreshed once per half-life rather than in a tight loop.
+   * @param {number | undefined} exp  Unix seconds (from `authed`, or the token's own claim).
    */
-  scheduleRefresh(reply) {
+  scheduleRefresh(exp) {
     clearTimeout(this.refreshTimer);
-    if (typeof this.options.token !== "function" || !reply.exp) return;
-    const ms = (reply.exp - this.options.refreshBeforeSecs) * 1000 - Date.now();
+    if (typeof this.options.token !== "function" || !exp) return;
+    const left = exp * 1000 - Date.now();
+    const ms = Math.max(left - this.options.refreshBeforeSecs * 1000, left / 2);
     this.refreshTimer = setTimeout(async () => {
       try {
         const token = await this.token();
-        this.scheduleRefresh(await this.request({ op: "auth", token }));
+        const next = (await this.request({ op: "auth", token })).exp;
+        // Without a later expiry, refreshing again would only come ever faster until herald
+        // refuses the lapsed token: let it close with 4001 and reconnect instead.
+        if (next > exp) this.scheduleRefresh(next);
+        else if (next !== undefined) this.emit("error", new HeraldError("token", "the token callback gave no token expiring later than the current one"));
       } catch (e) {
         this.emit("error", e instanceof HeraldError ? e : new HeraldError("token", String(e)));
       }
-    }, Math.max(0, ms));
+    }, Math.min(Math.max(0, ms), MAX_TIMEOUT_MS));
   }
 
   /** @param {WebSocket} ws @param {number} code @param {string} reason */
@@ -731,3 +741,21 @@ function isLossless(sub) {
   return sub.options.policy === "lossless";
 }
 
+/** The longest delay `setTimeout` takes (2³¹−1 ms, about 24.8 days); longer ones fire at once. */
+const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+
+/**
+ * The `exp` claim of a JWT, read without verifying it (herald verifies; the client only needs to
+ * know when to refresh), or undefined when the token is not a JWT carrying one.
+ * @param {string} token
+ * @returns {number | undefined}
+ */
+function jwtExpiry(token) {
+  try {
+    const payload = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const exp = JSON.parse(decoder.decode(Uint8Array.from(atob(payload), (c) => c.charCodeAt(0)))).exp;
+    return typeof exp === "number" ? exp : undefined;
+  } catch {
+    return undefined;
+  }
+}

@@ -5,10 +5,13 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect, HeraldError, topicMatches, encodeBinaryFrame, decodeBinaryFrame } from "../src/herald-client.js";
-import { Herald, until } from "./herald.js";
+import { Herald, HERALD_BIN, until } from "./herald.js";
+import { execFile } from "node:child_process";
 import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+import { promisify } from "node:util";
 
 /** @type {Herald} */
 let herald;
@@ -396,4 +399,101 @@ test("lossless: a subscriber that goes away releases the held publisher; a stuck
   await until(() => got.length === 4, () => `four messages (got ${got})`);
   await stuck.ping();
   assert.deepEqual(got, ["a", "b", "c", "d"]);
+});
+
+/** Auth on: an HS256 secret, no clock-skew leeway (so a token lapses at its `exp`). */
+async function heraldWithAuth(t) {
+  const dir = tempDir(t);
+  const secret = join(dir, "secret");
+  writeFileSync(secret, randomBytes(32).toString("base64"));
+  const h = await heraldWith(t, "[auth]\nleeway_secs = 0\n", ["--auth-hs256-secret-file", secret], dir);
+  /** `herald token` for `sub`/`pub` patterns, living `ttl` seconds. */
+  const token = async (sub, pub, ttl = 3600) => {
+    const args = ["token", "--secret-file", secret, "--subject", "sdk-test", "--sub", sub, "--pub", pub, "--ttl", String(ttl)];
+    const { stdout } = await promisify(execFile)(/** @type {string} */ (HERALD_BIN), args);
+    return stdout.trim();
+  };
+  return { herald: h, token };
+}
+
+test("auth: a token as ?token= or as an auth op; outside its grants is forbidden, a bad token final", async (t) => {
+  const { herald: h, token } = await heraldWithAuth(t);
+  const grant = "sdk/auth/ok/>";
+  for (const tokenIn of /** @type {const} */ (["query", "message"])) {
+    const c = client(t, { token: await token(grant, grant), tokenIn }, h.ws);
+    const errors = [];
+    c.on("error", (e) => errors.push(e.code));
+    const got = [];
+    await c.subscribe(grant, (m) => got.push(m.data)).ready;
+    assert.equal((await c.publish(`sdk/auth/ok/${tokenIn}`, "hi"))?.seq, 1);
+    await until(() => got.length === 1, `the message (${tokenIn})`);
+    const wide = c.subscribe("sdk/auth/>", () => {});
+    await assert.rejects(wide.ready, (e) => e instanceof HeraldError && e.code === "forbidden");
+    await assert.rejects(c.publish("sdk/auth/elsewhere", "x"), (e) => e instanceof HeraldError && e.code === "forbidden");
+    await c.ping();
+    assert.equal(c.state, "open", "a forbidden request leaves the connection open");
+    assert.deepEqual(errors, ["forbidden"], "the refused subscription is also an error event");
+    assert.deepEqual([...c.patterns.keys()], [grant], "the refused pattern is not resubscribed");
+  }
+  for (const tokenIn of /** @type {const} */ (["query", "message"])) {
+    const forged = (await token(grant, grant)).slice(0, -4) + "AAAA";
+    const c = client(t, { token: forged, tokenIn }, h.ws);
+    const states = [];
+    const errors = [];
+    c.on("state", (s) => states.push(s));
+    c.on("error", (e) => errors.push(e.code));
+    await until(() => c.state === "closed", `the refusal (${tokenIn})`);
+    assert.deepEqual(states.map((s) => [s.state, s.code]), [["open", undefined], ["closed", 4003]], "4003 is final: no reconnect");
+    assert.ok(errors.includes("unauthorized") && errors.includes("closed"), `errors: ${errors}`);
+  }
+});
+
+test("auth: a token refreshed through the callback keeps the connection past the first token's exp", async (t) => {
+  const { herald: h, token } = await heraldWithAuth(t);
+  const TTL = 3;
+  await Promise.all(
+    /** @type {const} */ (["query", "message"]).map(async (tokenIn) => {
+      const topic = `sdk/auth/refresh/${tokenIn}`;
+      const issued = [];
+      const tokens = [];
+      const c = client(t, {
+        tokenIn,
+        token: async () => {
+          issued.push(Date.now());
+          tokens.push(await token(topic, topic, TTL));
+          return tokens[tokens.length - 1];
+        },
+      }, h.ws);
+      const states = [];
+      c.on("state", (s) => states.push(s));
+      const got = [];
+      await c.subscribe(topic, (m) => got.push(m.data)).ready;
+      const ws = c.ws;
+      const firstExpiry = JSON.parse(Buffer.from(tokens[0].split(".")[1], "base64url").toString()).exp * 1000;
+      await sleep(firstExpiry - Date.now() + 1500);
+      await c.publish(topic, "still here");
+      await until(() => got.length === 1, `a message after the first token expired (${tokenIn})`);
+      assert.equal(c.ws, ws, `the same connection (${tokenIn})`);
+      assert.deepEqual(states.map((s) => s.state), ["open"], `never closed (${tokenIn}): ${JSON.stringify(states)}`);
+      assert.ok(issued.length >= 2, `refreshed (${tokenIn})`);
+      assert.ok(issued[1] < firstExpiry, `refreshed before the first exp (${tokenIn})`);
+      assert.ok(issued.length <= 10, `refreshed about once per half-life, not in a loop: ${issued.length} tokens (${tokenIn})`);
+    }),
+  );
+});
+
+test("auth: without a refresh herald closes with 4001 and the client reports it", async (t) => {
+  const { herald: h, token } = await heraldWithAuth(t);
+  const topic = "sdk/auth/lapse";
+  const c = client(t, { token: await token(topic, topic, 2), tokenIn: "message" }, h.ws);
+  const states = [];
+  c.on("state", (s) => states.push(s));
+  await c.subscribe(topic, () => {}).ready;
+  await until(() => states.some((s) => s.code === 4001), "the expiry close", 6_000);
+  const lapsed = states.find((s) => s.code === 4001);
+  assert.equal(lapsed?.state, "reconnecting", "4001 is not final: a token callback could supply a fresh token");
+  assert.equal(lapsed?.reason, "token expired");
+  // This client has only the lapsed token: the reconnect is refused for good.
+  await until(() => c.state === "closed", "the refused reconnect");
+  assert.equal(states.at(-1)?.code, 4003);
 });

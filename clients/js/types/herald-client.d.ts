@@ -273,12 +273,12 @@ export class HeraldClient {
     /** @param {WebSocket} ws @param {string | undefined} token */
     opened(ws: WebSocket, token: string | undefined): void;
     /**
-     * Re-authenticates on the live connection before the token expires (`exp` from `authed`).
-     * @param {{exp?: number}} reply
+     * Re-authenticates on the live connection before the token expires: `refreshBeforeSecs`
+     * before `exp`, but never in the first half of the time left, so that a token living less
+     * than `refreshBeforeSecs` is refreshed once per half-life rather than in a tight loop.
+     * @param {number | undefined} exp  Unix seconds (from `authed`, or the token's own claim).
      */
-    scheduleRefresh(reply: {
-        exp?: number;
-    }): void;
+    scheduleRefresh(exp: number | undefined): void;
     /** @param {WebSocket} ws @param {number} code @param {string} reason */
     closed(ws: WebSocket, code: number, reason: string): void;
     /** @param {number | undefined} code @param {string | undefined} reason */
