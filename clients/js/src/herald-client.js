@@ -271,6 +271,9 @@ export class HeraldClient {
     this.patterns = new Map();
     /** Lossless credits waiting to be sent, by pattern. @type {Map<string, number>} */
     this.credits = new Map();
+    /** Message frames still to come that herald announced as replayed (snapshot or `since`) in
+     * a `subscribed` reply: they spent no lossless credit, so none is granted back for them. */
+    this.replayedToCome = 0;
     /** Listeners by event name (typed at `on`). @type {Map<string, Set<(e: any) => void>>} */
     this.listeners = new Map();
     /** Requests waiting for the connection. @type {Array<{resolve: () => void, reject: (e: HeraldError) => void}>} */
@@ -371,9 +374,12 @@ export class HeraldClient {
     this.attempt = 0;
     if (token && this.options.tokenIn === "message") {
       this.request({ op: "auth", token }).then(
-        (r) => this.scheduleRefresh(r),
+        (r) => this.scheduleRefresh(r.exp),
         (e) => this.emit("error", e),
       );
+    } else if (token) {
+      // herald does not report the expiry of a token that came with the upgrade request.
+      this.scheduleRefresh(jwtExpiry(token));
     }
     for (const [pattern, subs] of this.patterns) this.sendSubscribe(pattern, subs, reconnected);
     this.setState("open");
@@ -381,21 +387,28 @@ export class HeraldClient {
   }
 
   /**
-   * Re-authenticates on the live connection before the token expires (`exp` from `authed`).
-   * @param {{exp?: number}} reply
+   * Re-authenticates on the live connection before the token expires: `refreshBeforeSecs`
+   * before `exp`, but never in the first half of the time left, so that a token living less
+   * than `refreshBeforeSecs` is refreshed once per half-life rather than in a tight loop.
+   * @param {number | undefined} exp  Unix seconds (from `authed`, or the token's own claim).
    */
-  scheduleRefresh(reply) {
+  scheduleRefresh(exp) {
     clearTimeout(this.refreshTimer);
-    if (typeof this.options.token !== "function" || !reply.exp) return;
-    const ms = (reply.exp - this.options.refreshBeforeSecs) * 1000 - Date.now();
+    if (typeof this.options.token !== "function" || !exp) return;
+    const left = exp * 1000 - Date.now();
+    const ms = Math.max(left - this.options.refreshBeforeSecs * 1000, left / 2);
     this.refreshTimer = setTimeout(async () => {
       try {
         const token = await this.token();
-        this.scheduleRefresh(await this.request({ op: "auth", token }));
+        const next = (await this.request({ op: "auth", token })).exp;
+        // Without a later expiry, refreshing again would only come ever faster until herald
+        // refuses the lapsed token: let it close with 4001 and reconnect instead.
+        if (next > exp) this.scheduleRefresh(next);
+        else if (next !== undefined) this.emit("error", new HeraldError("token", "the token callback gave no token expiring later than the current one"));
       } catch (e) {
         this.emit("error", e instanceof HeraldError ? e : new HeraldError("token", String(e)));
       }
-    }, Math.max(0, ms));
+    }, Math.min(Math.max(0, ms), MAX_TIMEOUT_MS));
   }
 
   /** @param {WebSocket} ws @param {number} code @param {string} reason */
@@ -410,6 +423,7 @@ export class HeraldClient {
       if (!p.resend) p.reject(new HeraldError("not_connected", `the connection closed (${code} ${reason}) before herald replied`));
     }
     this.credits.clear(); // a new subscription starts with a fresh window
+    this.replayedToCome = 0;
     if (this.state === "closed") return;
     if (code === 4003 || !this.options.reconnect) {
       this.emit("error", new HeraldError("closed", `herald closed the connection: ${code} ${reason}`));
@@ -619,8 +633,11 @@ export class HeraldClient {
       return;
     }
     switch (head.op) {
-      case "msg":
-        return this.deliver(new Message(head, payload ?? head.data));
+      case "msg": {
+        const replayed = this.replayedToCome > 0;
+        if (replayed) this.replayedToCome -= 1;
+        return this.deliver(new Message(head, payload ?? head.data), replayed);
+      }
       case "dropped":
         return this.emit("dropped", { topic: head.topic, count: head.count, reason: head.reason });
       case "error": {
@@ -635,6 +652,8 @@ export class HeraldClient {
         return;
       }
       default: {
+        // herald sends a subscription's replayed messages right after its reply.
+        if (head.op === "subscribed") this.replayedToCome += head.replayed ?? 0;
         const p = head.id !== undefined && this.pending.get(head.id);
         if (p) {
           this.settle(head.id);
@@ -651,25 +670,37 @@ export class HeraldClient {
   }
 
   /**
-   * Hands a message to every matching subscription that has not seen it yet.
+   * Hands a message to every matching subscription that has not seen it yet. Lossless handlers
+   * run one message at a time per subscription. A live message spent one credit of one
+   * subscription at herald (the first lossless pattern the connection subscribed to that
+   * matches it, docs/protocol.md); that credit is granted back once, after every handler of
+   * that pattern finished with the message. Replayed messages spent none and earn none.
    * @param {Message} m
+   * @param {boolean} replayed  Part of a snapshot or `since` replay.
    */
-  deliver(m) {
+  deliver(m, replayed) {
+    const ws = this.ws;
+    /** @type {string | undefined} */
+    let charged;
+    /** @type {Promise<void>[]} */
+    const handled = [];
     for (const [pattern, subs] of this.patterns) {
       if (!topicMatches(pattern, m.topic)) continue;
+      const charges = !replayed && charged === undefined && [...subs].some(isLossless);
+      if (charges) charged = pattern;
       for (const sub of subs) {
-        const lossless = sub.options.policy === "lossless";
-        if (!sub.accept(m)) {
-          // A repeat herald still counted against the window: grant it back, in order.
-          if (lossless) sub.tail = sub.tail.then(() => this.credit(sub));
-          continue;
-        }
-        if (lossless) {
-          sub.tail = sub.tail.then(() => this.run(sub, m)).then(() => this.credit(sub));
+        if (!sub.accept(m)) continue;
+        if (isLossless(sub)) {
+          sub.tail = sub.tail.then(() => this.run(sub, m));
+          if (charges) handled.push(sub.tail);
         } else {
           void this.run(sub, m);
         }
       }
+    }
+    if (charged !== undefined) {
+      const pattern = charged;
+      void Promise.all(handled).then(() => this.credit(pattern, ws));
     }
   }
 
@@ -685,19 +716,46 @@ export class HeraldClient {
   }
 
   /**
-   * Grants herald one more message on a lossless subscription. Credits are batched: those
-   * earned in one turn of the event loop go out as one `credit` request.
-   * @param {Subscription} sub
+   * Grants herald one more message on the lossless subscription to `pattern`. Credits are
+   * batched: those earned in one turn of the event loop go out as one `credit` request. A
+   * message that came on an earlier connection earns nothing: a resubscription starts with a
+   * fresh window.
+   * @param {string} pattern
+   * @param {WebSocket | null} ws  The connection the message came on.
    */
-  credit(sub) {
-    if (!sub.active || this.state !== "open") return;
-    const owed = this.credits.get(sub.pattern) ?? 0;
-    this.credits.set(sub.pattern, owed + 1);
+  credit(pattern, ws) {
+    if (ws !== this.ws || this.state !== "open" || !this.patterns.has(pattern)) return;
+    const owed = this.credits.get(pattern) ?? 0;
+    this.credits.set(pattern, owed + 1);
     if (owed > 0) return;
     queueMicrotask(() => {
-      const n = this.credits.get(sub.pattern);
-      this.credits.delete(sub.pattern);
-      if (n && this.ws) this.send({ op: "credit", topic: sub.pattern, n });
+      const n = this.credits.get(pattern);
+      this.credits.delete(pattern);
+      if (n && this.ws === ws) this.send({ op: "credit", topic: pattern, n });
     });
+  }
+}
+
+/** @param {Subscription} sub */
+function isLossless(sub) {
+  return sub.options.policy === "lossless";
+}
+
+/** The longest delay `setTimeout` takes (2³¹−1 ms, about 24.8 days); longer ones fire at once. */
+const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+
+/**
+ * The `exp` claim of a JWT, read without verifying it (herald verifies; the client only needs to
+ * know when to refresh), or undefined when the token is not a JWT carrying one.
+ * @param {string} token
+ * @returns {number | undefined}
+ */
+function jwtExpiry(token) {
+  try {
+    const payload = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const exp = JSON.parse(decoder.decode(Uint8Array.from(atob(payload), (c) => c.charCodeAt(0)))).exp;
+    return typeof exp === "number" ? exp : undefined;
+  } catch {
+    return undefined;
   }
 }

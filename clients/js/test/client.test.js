@@ -5,7 +5,13 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect, HeraldError, topicMatches, encodeBinaryFrame, decodeBinaryFrame } from "../src/herald-client.js";
-import { Herald, until } from "./herald.js";
+import { Herald, HERALD_BIN, until } from "./herald.js";
+import { execFile } from "node:child_process";
+import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+import { promisify } from "node:util";
 
 /** @type {Herald} */
 let herald;
@@ -252,40 +258,242 @@ test("close() ends the client: no reconnect, pending requests fail", async (t) =
   assert.deepEqual(states, ["closed"]);
 });
 
-test("lossless: credit goes out only after an async handler finished", async (t) => {
+/** A temporary directory, removed after the test. */
+function tempDir(t) {
+  const dir = mkdtempSync(join(tmpdir(), "herald-sdk-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** A herald of its own for one test, started with `config` (TOML) and `args`; stopped after it. */
+async function heraldWith(t, config, args = [], dir = tempDir(t)) {
+  const file = join(dir, "herald.toml");
+  writeFileSync(file, config);
+  const h = await Herald.start(["--config", file, ...args]);
+  t.after(() => h.stop());
+  return h;
+}
+
+/** A counter in herald's /metrics exposition, summed over the series carrying `label`. */
+async function metric(h, name, label) {
+  const text = await (await fetch(`${h.http}/metrics`)).text();
+  return text
+    .split("\n")
+    .filter((l) => l.startsWith(`${name}{`) && l.includes(label))
+    .reduce((sum, l) => sum + Number(l.split(" ").pop()), 0);
+}
+
+test("lossless: herald never has more than `window` messages outstanding; credit follows the handler", async (t) => {
+  const WINDOW = 4;
+  const COUNT = 40;
   const c = client(t);
+  const publisher = client(t);
   const errors = [];
   c.on("error", (e) => errors.push(e));
-  // Probe whether this herald knows `credit` (issue 5 adds it).
+  // A value herald already holds: the snapshot replays it, which spends no credit and must
+  // earn none back (else herald would be granted WINDOW + 1).
+  await herald.publishHttp("sdk/ll/flow", "snap");
   await c.whenOpen();
-  c.ws?.send(JSON.stringify({ op: "credit", topic: "sdk/probe", n: 1 }));
+  // What crossed the wire: live message frames in, credit out. herald is bound by the window
+  // only through these, so their difference is exactly what it has outstanding.
+  let arrived = 0;
+  let credited = 0;
+  let maxOutstanding = 0;
+  let settled = 0;
+  const creditBeyondSettled = [];
+  const receive = c.receive.bind(c);
+  c.receive = (raw) => {
+    const head = typeof raw === "string" ? JSON.parse(raw) : null;
+    if (head?.op === "msg" && head.data !== "snap") {
+      arrived += 1;
+      maxOutstanding = Math.max(maxOutstanding, arrived - credited);
+    }
+    receive(raw);
+  };
+  const send = c.send.bind(c);
+  c.send = (body, binary) => {
+    if (body.op === "credit") {
+      credited += body.n;
+      if (credited > settled) creditBeyondSettled.push({ credited, settled });
+    }
+    send(body, binary);
+  };
+  const got = [];
+  let running = 0;
+  await c.subscribe("sdk/ll/>", async (m) => {
+    running += 1;
+    got.push(m.data);
+    await sleep(5 + (got.length % 3) * 5); // a slow consumer, with some jitter
+    running -= 1;
+    if (m.data !== "snap") settled += 1;
+  }, { policy: "lossless", window: WINDOW, snapshot: true }).ready;
+  const held = await metric(herald, "herald_policy_actions_total", 'reason="lossless_hold"');
+  const sent = Array.from({ length: COUNT }, (_, i) => publisher.publish("sdk/ll/flow", String(i)));
+  const acks = await Promise.all(sent);
+  assert.deepEqual(acks.map((a) => a?.seq), Array.from({ length: COUNT }, (_, i) => i + 2), "every publish went through, in order");
+  await until(() => got.length === COUNT + 1, () => `all messages (got ${got.length})`, 15_000);
+  await until(() => credited >= COUNT, () => `credit for every message (${credited})`);
   await c.ping();
-  if (!errors.some((e) => e.code === "unknown_op")) {
-    t.skip("this herald implements lossless credit; the flow-control test below covers it");
-    return;
-  }
-  errors.length = 0;
-  // Today's herald answers `credit` with unknown_op: that error is the observable proof of when
-  // the SDK sent it.
-  let release = () => {};
-  const gate = new Promise((r) => (release = r));
-  const seen = [];
-  await c.subscribe("sdk/lossless", async (m) => {
-    seen.push(m.data);
-    await gate;
-  }, { policy: "lossless", window: 4 }).ready;
-  await c.publish("sdk/lossless", "1");
-  await c.publish("sdk/lossless", "2");
-  await until(() => seen.length === 1, "the first message");
-  await c.ping();
-  assert.deepEqual(seen, ["1"], "the second message waits for the first handler");
-  assert.deepEqual(errors, [], "no credit while the handler runs");
-  release();
-  await until(() => seen.length === 2, "the second message");
-  await until(() => errors.length >= 1, "the credit to reach herald");
-  assert.ok(errors.every((e) => e.code === "unknown_op"));
+  assert.deepEqual(got, ["snap", ...Array.from({ length: COUNT }, (_, i) => String(i))], "each message once, in order");
+  assert.equal(running, 0);
+  assert.equal(maxOutstanding, WINDOW, "herald used the whole window and never more");
+  assert.deepEqual(creditBeyondSettled, [], "credit only for handlers that had finished");
+  assert.equal(credited, COUNT, "the snapshot earned no credit");
+  assert.ok(
+    (await metric(herald, "herald_policy_actions_total", 'reason="lossless_hold"')) > held,
+    "herald made the publisher wait for credit",
+  );
+  assert.deepEqual(errors, [], "herald accepted every credit");
 });
 
-test("lossless flow control against a herald that implements it", { skip: "needs issue 5 (lossless policy and credit on the server), built in parallel" }, () => {});
+test("lossless: a subscriber that goes away releases the held publisher; a stuck one is cut after the hold timeout", async (t) => {
+  const HOLD_MS = 2000;
+  const h = await heraldWith(t, `lossless_hold_timeout_ms = ${HOLD_MS}\n`);
+  const publisher = client(t, {}, h.ws);
+  const pending = (p) => Promise.race([p.then(() => false), sleep(300).then(() => true)]);
 
-test("token as ?token= and as an auth op, refreshed before exp", { skip: "needs issue 8 (auth on the server), built in parallel" }, () => {});
+  // 1. The subscriber disappears while a publish waits for its credit.
+  const gone = client(t, {}, h.ws);
+  await gone.subscribe("sdk/ll/gone", () => new Promise(() => {}), { policy: "lossless", window: 2 }).ready;
+  await publisher.publish("sdk/ll/gone", "1");
+  await publisher.publish("sdk/ll/gone", "2");
+  const third = publisher.publish("sdk/ll/gone", "3");
+  assert.ok(await pending(third), "the third publish waits: the window is spent");
+  const closedAt = Date.now();
+  gone.close();
+  assert.equal((await third)?.seq, 3);
+  const waited = Date.now() - closedAt;
+  assert.ok(waited < HOLD_MS / 2, `released ${waited} ms after the subscriber left, not by the ${HOLD_MS} ms timeout`);
+
+  // 2. The subscriber stays but its handler is stuck: after the hold timeout herald cuts it
+  // (4008) and the publish goes ahead. The SDK reconnects, recovers the message it missed as a
+  // replay, and nothing is lost or repeated once the handler comes unstuck.
+  const stuck = client(t, {}, h.ws);
+  const states = [];
+  stuck.on("state", (s) => states.push(s));
+  const resubscribed = [];
+  stuck.on("resubscribed", (r) => resubscribed.push(r));
+  let release = () => {};
+  const gate = new Promise((r) => (release = r));
+  const got = [];
+  await stuck.subscribe("sdk/ll/stuck", async (m) => {
+    got.push(m.data);
+    await gate;
+  }, { policy: "lossless", window: 2 }).ready;
+  await publisher.publish("sdk/ll/stuck", "a");
+  await publisher.publish("sdk/ll/stuck", "b");
+  const started = Date.now();
+  const c = publisher.publish("sdk/ll/stuck", "c");
+  assert.ok(await pending(c), "the third publish waits for credit");
+  assert.equal((await c)?.seq, 3);
+  const held = Date.now() - started;
+  assert.ok(held >= HOLD_MS - 100 && held < HOLD_MS + 2000, `held ${held} ms, about the ${HOLD_MS} ms timeout`);
+  await until(() => states.some((s) => s.state === "reconnecting"), "the cut to be reported");
+  const cut = states.find((s) => s.state === "reconnecting");
+  assert.equal(cut?.code, 4008);
+  assert.match(cut?.reason ?? "", /lossless window not replenished/);
+  await until(() => resubscribed.length === 1, "the resubscription");
+  assert.equal(resubscribed[0].recovered, true, "the message it missed is replayed");
+  release();
+  await publisher.publish("sdk/ll/stuck", "d");
+  await until(() => got.length === 4, () => `four messages (got ${got})`);
+  await stuck.ping();
+  assert.deepEqual(got, ["a", "b", "c", "d"]);
+});
+
+/** Auth on: an HS256 secret, no clock-skew leeway (so a token lapses at its `exp`). */
+async function heraldWithAuth(t) {
+  const dir = tempDir(t);
+  const secret = join(dir, "secret");
+  writeFileSync(secret, randomBytes(32).toString("base64"));
+  const h = await heraldWith(t, "[auth]\nleeway_secs = 0\n", ["--auth-hs256-secret-file", secret], dir);
+  /** `herald token` for `sub`/`pub` patterns, living `ttl` seconds. */
+  const token = async (sub, pub, ttl = 3600) => {
+    const args = ["token", "--secret-file", secret, "--subject", "sdk-test", "--sub", sub, "--pub", pub, "--ttl", String(ttl)];
+    const { stdout } = await promisify(execFile)(/** @type {string} */ (HERALD_BIN), args);
+    return stdout.trim();
+  };
+  return { herald: h, token };
+}
+
+test("auth: a token as ?token= or as an auth op; outside its grants is forbidden, a bad token final", async (t) => {
+  const { herald: h, token } = await heraldWithAuth(t);
+  const grant = "sdk/auth/ok/>";
+  for (const tokenIn of /** @type {const} */ (["query", "message"])) {
+    const c = client(t, { token: await token(grant, grant), tokenIn }, h.ws);
+    const errors = [];
+    c.on("error", (e) => errors.push(e.code));
+    const got = [];
+    await c.subscribe(grant, (m) => got.push(m.data)).ready;
+    assert.equal((await c.publish(`sdk/auth/ok/${tokenIn}`, "hi"))?.seq, 1);
+    await until(() => got.length === 1, `the message (${tokenIn})`);
+    const wide = c.subscribe("sdk/auth/>", () => {});
+    await assert.rejects(wide.ready, (e) => e instanceof HeraldError && e.code === "forbidden");
+    await assert.rejects(c.publish("sdk/auth/elsewhere", "x"), (e) => e instanceof HeraldError && e.code === "forbidden");
+    await c.ping();
+    assert.equal(c.state, "open", "a forbidden request leaves the connection open");
+    assert.deepEqual(errors, ["forbidden"], "the refused subscription is also an error event");
+    assert.deepEqual([...c.patterns.keys()], [grant], "the refused pattern is not resubscribed");
+  }
+  for (const tokenIn of /** @type {const} */ (["query", "message"])) {
+    const forged = (await token(grant, grant)).slice(0, -4) + "AAAA";
+    const c = client(t, { token: forged, tokenIn }, h.ws);
+    const states = [];
+    const errors = [];
+    c.on("state", (s) => states.push(s));
+    c.on("error", (e) => errors.push(e.code));
+    await until(() => c.state === "closed", `the refusal (${tokenIn})`);
+    assert.deepEqual(states.map((s) => [s.state, s.code]), [["open", undefined], ["closed", 4003]], "4003 is final: no reconnect");
+    assert.ok(errors.includes("unauthorized") && errors.includes("closed"), `errors: ${errors}`);
+  }
+});
+
+test("auth: a token refreshed through the callback keeps the connection past the first token's exp", async (t) => {
+  const { herald: h, token } = await heraldWithAuth(t);
+  const TTL = 3;
+  await Promise.all(
+    /** @type {const} */ (["query", "message"]).map(async (tokenIn) => {
+      const topic = `sdk/auth/refresh/${tokenIn}`;
+      const issued = [];
+      const tokens = [];
+      const c = client(t, {
+        tokenIn,
+        token: async () => {
+          issued.push(Date.now());
+          tokens.push(await token(topic, topic, TTL));
+          return tokens[tokens.length - 1];
+        },
+      }, h.ws);
+      const states = [];
+      c.on("state", (s) => states.push(s));
+      const got = [];
+      await c.subscribe(topic, (m) => got.push(m.data)).ready;
+      const ws = c.ws;
+      const firstExpiry = JSON.parse(Buffer.from(tokens[0].split(".")[1], "base64url").toString()).exp * 1000;
+      await sleep(firstExpiry - Date.now() + 1500);
+      await c.publish(topic, "still here");
+      await until(() => got.length === 1, `a message after the first token expired (${tokenIn})`);
+      assert.equal(c.ws, ws, `the same connection (${tokenIn})`);
+      assert.deepEqual(states.map((s) => s.state), ["open"], `never closed (${tokenIn}): ${JSON.stringify(states)}`);
+      assert.ok(issued.length >= 2, `refreshed (${tokenIn})`);
+      assert.ok(issued[1] < firstExpiry, `refreshed before the first exp (${tokenIn})`);
+      assert.ok(issued.length <= 10, `refreshed about once per half-life, not in a loop: ${issued.length} tokens (${tokenIn})`);
+    }),
+  );
+});
+
+test("auth: without a refresh herald closes with 4001 and the client reports it", async (t) => {
+  const { herald: h, token } = await heraldWithAuth(t);
+  const topic = "sdk/auth/lapse";
+  const c = client(t, { token: await token(topic, topic, 2), tokenIn: "message" }, h.ws);
+  const states = [];
+  c.on("state", (s) => states.push(s));
+  await c.subscribe(topic, () => {}).ready;
+  await until(() => states.some((s) => s.code === 4001), "the expiry close", 6_000);
+  const lapsed = states.find((s) => s.code === 4001);
+  assert.equal(lapsed?.state, "reconnecting", "4001 is not final: a token callback could supply a fresh token");
+  assert.equal(lapsed?.reason, "token expired");
+  // This client has only the lapsed token: the reconnect is refused for good.
+  await until(() => c.state === "closed", "the refused reconnect");
+  assert.equal(states.at(-1)?.code, 4003);
+});

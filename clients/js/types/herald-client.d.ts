@@ -238,6 +238,9 @@ export class HeraldClient {
     patterns: Map<string, Set<Subscription>>;
     /** Lossless credits waiting to be sent, by pattern. @type {Map<string, number>} */
     credits: Map<string, number>;
+    /** Message frames still to come that herald announced as replayed (snapshot or `since`) in
+     * a `subscribed` reply: they spent no lossless credit, so none is granted back for them. */
+    replayedToCome: number;
     /** Listeners by event name (typed at `on`). @type {Map<string, Set<(e: any) => void>>} */
     listeners: Map<string, Set<(e: any) => void>>;
     /** Requests waiting for the connection. @type {Array<{resolve: () => void, reject: (e: HeraldError) => void}>} */
@@ -270,12 +273,12 @@ export class HeraldClient {
     /** @param {WebSocket} ws @param {string | undefined} token */
     opened(ws: WebSocket, token: string | undefined): void;
     /**
-     * Re-authenticates on the live connection before the token expires (`exp` from `authed`).
-     * @param {{exp?: number}} reply
+     * Re-authenticates on the live connection before the token expires: `refreshBeforeSecs`
+     * before `exp`, but never in the first half of the time left, so that a token living less
+     * than `refreshBeforeSecs` is refreshed once per half-life rather than in a tight loop.
+     * @param {number | undefined} exp  Unix seconds (from `authed`, or the token's own claim).
      */
-    scheduleRefresh(reply: {
-        exp?: number;
-    }): void;
+    scheduleRefresh(exp: number | undefined): void;
     /** @param {WebSocket} ws @param {number} code @param {string} reason */
     closed(ws: WebSocket, code: number, reason: string): void;
     /** @param {number | undefined} code @param {string | undefined} reason */
@@ -337,19 +340,27 @@ export class HeraldClient {
     /** @param {number} id */
     settle(id: number): void;
     /**
-     * Hands a message to every matching subscription that has not seen it yet.
+     * Hands a message to every matching subscription that has not seen it yet. Lossless handlers
+     * run one message at a time per subscription. A live message spent one credit of one
+     * subscription at herald (the first lossless pattern the connection subscribed to that
+     * matches it, docs/protocol.md); that credit is granted back once, after every handler of
+     * that pattern finished with the message. Replayed messages spent none and earn none.
      * @param {Message} m
+     * @param {boolean} replayed  Part of a snapshot or `since` replay.
      */
-    deliver(m: Message): void;
+    deliver(m: Message, replayed: boolean): void;
     /** Runs a handler; its exceptions become `error` events rather than stopping delivery.
      * @param {Subscription} sub @param {Message} m */
     run(sub: Subscription, m: Message): Promise<void>;
     /**
-     * Grants herald one more message on a lossless subscription. Credits are batched: those
-     * earned in one turn of the event loop go out as one `credit` request.
-     * @param {Subscription} sub
+     * Grants herald one more message on the lossless subscription to `pattern`. Credits are
+     * batched: those earned in one turn of the event loop go out as one `credit` request. A
+     * message that came on an earlier connection earns nothing: a resubscription starts with a
+     * fresh window.
+     * @param {string} pattern
+     * @param {WebSocket | null} ws  The connection the message came on.
      */
-    credit(sub: Subscription): void;
+    credit(pattern: string, ws: WebSocket | null): void;
 }
 export type ConnectionState = "connecting" | "open" | "reconnecting" | "closed";
 /**
