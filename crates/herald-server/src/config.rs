@@ -80,6 +80,32 @@ const ENV_KEYS: &[&str] = &[
     "lossless_hold_timeout_ms",
 ];
 
+/// Keys of the `[auth]` and `[tls]` sections that `HERALD_*` variables may set, as (variable
+/// name after `HERALD_`, key path): keys and certificates usually reach a container as mounted
+/// files named by environment variables (`HERALD_AUTH_HS256_SECRET_FILE=/run/secrets/herald`),
+/// with no config file to write.
+const NESTED_ENV_KEYS: &[(&str, &str)] = &[
+    ("auth_hs256_secret_file", "auth.hs256_secret_file"),
+    ("auth_rs256_public_key_file", "auth.rs256_public_key_file"),
+    ("auth_es256_public_key_file", "auth.es256_public_key_file"),
+    ("auth_jwks_file", "auth.jwks_file"),
+    ("auth_jwks_url", "auth.jwks_url"),
+    ("auth_admin_api_key_file", "auth.admin_api_key_file"),
+    ("tls_cert_file", "tls.cert_file"),
+    ("tls_key_file", "tls.key_file"),
+];
+
+/// The `HERALD_*` variables for [`NESTED_ENV_KEYS`], mapped to their key paths (figment nests
+/// on the dots).
+fn nested_env() -> Env {
+    Env::prefixed("HERALD_").filter_map(|var| {
+        NESTED_ENV_KEYS
+            .iter()
+            .find(|(name, _)| var.as_str().eq_ignore_ascii_case(name))
+            .map(|(_, key)| (*key).into())
+    })
+}
+
 impl Config {
     /// Loads the layered configuration. `overrides` holds the command-line flags that were given
     /// (serialized; absent fields leave lower layers alone).
@@ -96,6 +122,7 @@ impl Config {
         }
         let config: Config = figment
             .merge(Env::prefixed("HERALD_").only(ENV_KEYS))
+            .merge(nested_env())
             .merge(Serialized::defaults(overrides))
             .extract()
             .context("invalid configuration")?;
@@ -171,6 +198,27 @@ mod tests {
                 (c.history[0].max_messages, c.history[0].max_bytes),
                 (7, 1 << 20)
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn auth_and_tls_files_come_from_the_environment_below_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "[tls]\ncert_file = \"/toml/cert.pem\"")?;
+            jail.set_env("HERALD_AUTH_HS256_SECRET_FILE", "/run/secrets/herald");
+            jail.set_env("HERALD_AUTH_ADMIN_API_KEY_FILE", "/run/secrets/admin");
+            jail.set_env("HERALD_TLS_CERT_FILE", "/env/cert.pem");
+            jail.set_env("HERALD_TLS_KEY_FILE", "/env/key.pem");
+            jail.set_env("HERALD_CA_FILE", "/a/client/setting");
+            let flags = serde_json::json!({ "tls": { "key_file": "/flag/key.pem" } });
+            let c = Config::load(Some(Path::new("c.toml")), flags).unwrap();
+            let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().display().to_string();
+            assert_eq!(path(&c.auth.hs256_secret_file), "/run/secrets/herald");
+            assert_eq!(path(&c.auth.admin_api_key_file), "/run/secrets/admin");
+            assert_eq!(path(&c.tls.cert_file), "/env/cert.pem", "env over TOML");
+            assert_eq!(path(&c.tls.key_file), "/flag/key.pem", "flag over env");
+            assert_eq!(c.auth.rs256_public_key_file, None);
             Ok(())
         });
     }

@@ -31,12 +31,8 @@ pub struct PubArgs {
     /// Ask herald to stamp each message with its receive time
     #[arg(long)]
     stamp: bool,
-    /// herald's WebSocket URL
-    #[arg(long, env = "HERALD_URL", default_value = "ws://127.0.0.1:8080/ws")]
-    url: String,
-    /// Token to present when herald has authentication on (see `herald token`)
-    #[arg(long, env = "HERALD_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    server: client::ServerArgs,
 }
 
 pub async fn run(args: PubArgs) -> anyhow::Result<()> {
@@ -52,7 +48,7 @@ pub async fn run(args: PubArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let mut socket = client::connect(&args.url, args.token.as_deref()).await?;
+    let mut socket = args.server.connect().await?;
     let start = Instant::now();
     let period = (args.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.rate));
     let mut last_acked: Option<u64> = None;

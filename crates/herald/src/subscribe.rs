@@ -43,12 +43,8 @@ pub struct SubArgs {
     /// is handled, i.e. after --exec finished)
     #[arg(long)]
     window: Option<u64>,
-    /// herald's WebSocket URL
-    #[arg(long, env = "HERALD_URL", default_value = "ws://127.0.0.1:8080/ws")]
-    url: String,
-    /// Token to present when herald has authentication on (see `herald token`)
-    #[arg(long, env = "HERALD_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    server: client::ServerArgs,
 }
 
 pub async fn run(args: SubArgs) -> anyhow::Result<()> {
@@ -56,7 +52,7 @@ pub async fn run(args: SubArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     }
-    let mut socket = client::connect(&args.url, args.token.as_deref()).await?;
+    let mut socket = args.server.connect().await?;
     for (id, pattern) in args.patterns.iter().enumerate() {
         let mut request =
             json!({"op": "sub", "id": id, "topic": pattern, "snapshot": args.snapshot});

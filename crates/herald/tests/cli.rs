@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,8 @@ struct Serve {
     port: u16,
     /// The admin API key `/metrics` needs when auth is on.
     admin_key: Option<String>,
+    /// With TLS on: the CA file clients trust (URLs become wss:// and https://).
+    ca: Option<PathBuf>,
 }
 
 impl Serve {
@@ -45,16 +48,41 @@ impl Serve {
             child,
             port,
             admin_key: admin_key.map(str::to_owned),
+            ca: None,
         }
     }
 
+    /// `herald serve` speaking TLS with `ca`'s server certificate; `herald` commands trust `ca`.
+    fn start_tls(ca: &PrivateCa) -> Serve {
+        let mut serve = Serve::start_with(
+            &[
+                "--tls-cert-file",
+                ca.cert.to_str().unwrap(),
+                "--tls-key-file",
+                ca.key.to_str().unwrap(),
+            ],
+            None,
+        );
+        serve.ca = Some(ca.ca.clone());
+        serve
+    }
+
     fn url(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
+        let scheme = if self.ca.is_some() { "wss" } else { "ws" };
+        format!("{scheme}://127.0.0.1:{}/ws", self.port)
+    }
+
+    fn http(&self) -> String {
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     fn herald(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(HERALD);
         cmd.args(args).env("HERALD_URL", self.url());
+        if let Some(ca) = &self.ca {
+            cmd.env("HERALD_CA_FILE", ca);
+        }
         cmd
     }
 
@@ -128,7 +156,10 @@ fn start_sub(serve: &Serve, args: &[&str]) -> (Child, BufReader<std::process::Ch
 
 fn subscriptions(serve: &Serve) -> u64 {
     let mut curl = Command::new("curl");
-    curl.args(["-s", &format!("http://127.0.0.1:{}/metrics", serve.port)]);
+    curl.args(["-s", &format!("{}/metrics", serve.http())]);
+    if let Some(ca) = &serve.ca {
+        curl.arg("--cacert").arg(ca);
+    }
     if let Some(key) = &serve.admin_key {
         curl.args(["-H", &format!("Authorization: Bearer {key}")]);
     }
@@ -298,47 +329,131 @@ fn tokens_from_herald_token_open_exactly_what_they_grant() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A private CA made with the openssl CLI and a server certificate it issued for 127.0.0.1 and
+/// localhost, in a fresh directory (removed on drop).
+struct PrivateCa {
+    dir: PathBuf,
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl PrivateCa {
+    fn new(name: &str) -> PrivateCa {
+        let dir = std::env::temp_dir().join(format!("herald-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            succeed(Command::new("openssl").current_dir(&dir).args(args));
+        };
+        let new_key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ];
+        let ca_ext = ["-addext", "basicConstraints=critical,CA:TRUE", "-days", "1"];
+        let ca_out = ["-keyout", "ca.key", "-out", "ca.pem"];
+        openssl(
+            &[
+                &["req", "-x509", "-subj", "/CN=herald test CA"],
+                &new_key[..],
+                &ca_ext,
+                &ca_out,
+            ]
+            .concat(),
+        );
+        let csr_out = ["-keyout", "server.key", "-out", "server.csr"];
+        openssl(&[&["req", "-subj", "/CN=localhost"], &new_key[..], &csr_out].concat());
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            "server.ext",
+            "-days",
+            "1",
+            "-out",
+            "server.pem",
+        ]);
+        PrivateCa {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+            dir,
+        }
+    }
+}
+
+impl Drop for PrivateCa {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn serve_speaks_tls_with_the_tls_flags() {
-    let dir = std::env::temp_dir().join(format!("herald-cli-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    succeed(
-        Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-            ])
-            .args(["-nodes", "-subj", "/CN=localhost", "-days", "1"])
-            .args([
-                "-keyout",
-                key.to_str().unwrap(),
-                "-out",
-                cert.to_str().unwrap(),
-            ]),
-    );
-    let serve = Serve::start_with(
-        &[
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-        ],
-        None,
-    );
+    let ca = PrivateCa::new("tls");
+    let serve = Serve::start_tls(&ca);
     let out = Command::new("curl")
-        .args(["-s", "--cacert", cert.to_str().unwrap()])
+        .args(["-s", "--cacert", ca.ca.to_str().unwrap()])
         .args(["--resolve", &format!("localhost:{}:127.0.0.1", serve.port)])
         .arg(format!("https://localhost:{}/healthz", serve.port))
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
     serve.stop();
-    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn pub_and_sub_speak_wss_trusting_a_private_ca() {
+    let ca = PrivateCa::new("wss");
+    let serve = Serve::start_tls(&ca);
+    // `sub` trusts the CA through HERALD_CA_FILE (set by `serve.herald`), `pub` through the flag.
+    let (mut sub, mut stdout) = start_sub(&serve, &["tls/demo", "-n", "1"]);
+    succeed(
+        serve
+            .herald(&["pub", "tls/demo", "over wss", "--ca-file"])
+            .arg(&ca.ca)
+            .env_remove("HERALD_CA_FILE"),
+    );
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "over wss\n");
+    assert!(sub.wait().unwrap().success());
+
+    // Without the CA the public roots apply, and they do not vouch for this server.
+    let out = serve
+        .herald(&["pub", "tls/demo", "x"])
+        .env_remove("HERALD_CA_FILE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid peer certificate"), "{err}");
+    assert!(err.contains("--ca-file or HERALD_CA_FILE"), "{err}");
+
+    // A CA file that is not PEM is refused before connecting.
+    let out = serve
+        .herald(&["pub", "tls/demo", "x", "--ca-file"])
+        .arg(ca.ca.with_file_name("server.ext"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no PEM certificate"), "{err}");
+    serve.stop();
 }
 
 #[test]
