@@ -61,6 +61,9 @@ struct Conflation {
     last_us: u64,
 }
 
+/// Queue slots an idle connection keeps (see [`OutboundQueue::shrink_idle`]).
+pub const IDLE_CAPACITY: usize = 8;
+
 #[derive(Default)]
 pub struct OutboundQueue {
     /// Queued frames in order; a `None` is a dropped message's hole.
@@ -272,6 +275,18 @@ impl OutboundQueue {
         self.droppable.clear();
         self.live = 0;
         self.bytes = 0;
+    }
+
+    /// Gives back the memory a burst left behind, once the queue is empty: an idle connection
+    /// (most of them, most of the time) should not keep room for the hundred replies of its
+    /// subscribe burst. Small capacities stay, so steady traffic never reallocates.
+    pub fn shrink_idle(&mut self) {
+        if self.slots.is_empty() && self.slots.capacity() > IDLE_CAPACITY {
+            self.slots.shrink_to(IDLE_CAPACITY);
+        }
+        if self.droppable.is_empty() && self.droppable.capacity() > IDLE_CAPACITY {
+            self.droppable.shrink_to(IDLE_CAPACITY);
+        }
     }
 
     /// When the earliest throttled message may go (µs), if one waits.

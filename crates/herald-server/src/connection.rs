@@ -7,7 +7,7 @@
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::node::now_us;
 use herald_core::engine::Outbox;
-use herald_core::outbox::{Delivery, OutboundQueue, Pushed};
+use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
 use herald_core::wire::{self, Frame};
 use parking_lot::Mutex;
 use std::io::{self, IoSlice};
@@ -157,10 +157,17 @@ impl Connection {
             let (closed, next_due) = {
                 let mut queue = self.queue.lock();
                 queue.drain_into(batch, now_us());
+                if batch.is_empty() {
+                    // About to wait: an idle connection keeps little memory.
+                    queue.shrink_idle();
+                }
                 (queue.is_closed(), queue.next_due())
             };
             if !batch.is_empty() || closed {
                 return closed;
+            }
+            if batch.capacity() > IDLE_CAPACITY {
+                batch.shrink_to(IDLE_CAPACITY);
             }
             match next_due {
                 // A throttled (`conflate` with `max_rate`) message waits for its time.
