@@ -98,16 +98,19 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
-/// The text an error keeps: the whole topic, or its first ~80 bytes followed by `…`.
+/// The text an error keeps: the whole topic, or as much of it as shows in ~80 bytes once
+/// escaped, followed by `…`. Counted escaped because a control character shows as up to ten
+/// (`\u{16}`): cutting the raw text let a line of them make a message of kilobytes (found by
+/// the `topic` fuzz target).
 fn shown(s: &str) -> String {
-    if s.len() <= SHOWN_BYTES {
-        return s.to_owned();
+    let mut width = 0;
+    for (at, c) in s.char_indices() {
+        width += c.escape_debug().map(char::len_utf8).sum::<usize>();
+        if width > SHOWN_BYTES {
+            return format!("{}…", &s[..at]);
+        }
     }
-    let mut end = SHOWN_BYTES;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    s.to_owned()
 }
 
 /// Checks an exact topic, the kind a message is published to: `*` and `>` levels are refused.
@@ -473,6 +476,11 @@ mod tests {
         let shown_text = shown(&odd);
         assert_eq!(shown_text, format!("x{}…", "é".repeat(39)));
         assert!(e.to_string().len() < 250);
+
+        // Control characters count as they show: the message stays short.
+        let controls = "\u{16}".repeat(80);
+        let e = err_topic(&format!(">{controls}/>"));
+        assert!(e.to_string().len() < 300, "{e}");
 
         // Short topics are kept whole.
         assert_eq!(shown("a/b"), "a/b");
