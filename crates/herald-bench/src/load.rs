@@ -472,7 +472,7 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
         0 => &spec.url,
         n => &spec.sub_urls[(id % n as u64) as usize],
     };
-    let url: tokio_tungstenite::tungstenite::http::Uri = target.parse().context("bad --url")?;
+    let url: tungstenite::http::Uri = target.parse().context("bad --url")?;
     let host = url.host().context("--url has no host")?;
     let port = url.port_u16().unwrap_or(80);
     let addr: SocketAddr = tokio::net::lookup_host((host, port))
