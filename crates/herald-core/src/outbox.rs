@@ -258,13 +258,17 @@ impl OutboundQueue {
             self.held_bytes -= frame.len();
             self.append(frame, Some(topic));
         }
-        out.extend(self.notices.drain().map(|((topic, reason), count)| {
-            wire::encode_reply(&Reply::Dropped {
-                topic: topic.to_string(),
-                count,
-                reason,
-            })
-        }));
+        // Checked first: draining a map that once held notices walks its whole table, and this
+        // runs at every writer wake-up.
+        if !self.notices.is_empty() {
+            out.extend(self.notices.drain().map(|((topic, reason), count)| {
+                wire::encode_reply(&Reply::Dropped {
+                    topic: topic.to_string(),
+                    count,
+                    reason,
+                })
+            }));
+        }
         self.base += self.slots.len() as u64;
         for entry in self.slots.drain(..).flatten() {
             if let Some(state) = entry.topic.as_ref().and_then(|t| self.conflated.get_mut(t)) {
@@ -357,6 +361,30 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].len(), 4);
         assert!(q.is_closed());
+    }
+
+    #[test]
+    fn an_idle_queue_gives_back_what_a_burst_grew() {
+        let mut q = OutboundQueue::new(1 << 20);
+        for _ in 0..100 {
+            q.push(frame(10));
+        }
+        let mut out = Vec::new();
+        q.drain_into(&mut out, 0);
+        assert_eq!(out.len(), 100);
+        assert!(q.slots.capacity() >= 100);
+        q.shrink_idle();
+        assert!(
+            q.slots.capacity() <= IDLE_CAPACITY,
+            "{}",
+            q.slots.capacity()
+        );
+        // A queue with frames waiting keeps its room.
+        for _ in 0..100 {
+            q.push(frame(10));
+        }
+        q.shrink_idle();
+        assert!(q.slots.capacity() >= 100);
     }
 
     #[test]
