@@ -179,9 +179,18 @@ impl Node {
         topic: &str,
         publish: impl FnOnce(&mut Engine<Arc<Connection>>) -> R,
     ) -> R {
+        // Every publish comes through here and almost none is held: that case reads no clock
+        // and registers no waiter on `released` (which takes its lock twice).
+        {
+            let mut engine = self.engine.lock();
+            if !engine.is_held(topic) {
+                return publish(&mut engine);
+            }
+        }
+        self.metrics.policy(PolicyAction::Hold, None, 1);
         let deadline = Instant::now() + Duration::from_millis(self.config.lossless_hold_timeout_ms);
-        let mut held = false;
         loop {
+            // Registered before the check, so a release between the two is not missed.
             let released = self.released.notified();
             tokio::pin!(released);
             released.as_mut().enable();
@@ -190,10 +199,6 @@ impl Node {
                 if !engine.is_held(topic) || Instant::now() >= deadline {
                     return publish(&mut engine);
                 }
-            }
-            if !held {
-                held = true;
-                self.metrics.policy(PolicyAction::Hold, None, 1);
             }
             let _ = tokio::time::timeout_at(deadline, released).await;
         }
