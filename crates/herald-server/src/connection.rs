@@ -1,24 +1,37 @@
-//! One client connection's outbound side: the queue the engine fills and the writer task that
-//! drains it to the socket.
+//! One client connection's outbound side: the queue the engine fills, and who writes it to
+//! the socket.
 //!
-//! The writer takes *everything* queued at each turn and sends it with vectored writes, so under
-//! load many messages leave in one system call, and when idle a message leaves at once.
+//! Two writers take turns, never at once (frames must not interleave): the task that queued a
+//! frame writes it directly when it can ([`Connection::write_now`], see [`crate::flush`]), and
+//! the connection's writer task ([`Connection::run_writer`]) writes whatever must wait for the
+//! socket, the close frame, throttled messages, and everything on a TLS connection. Each takes
+//! everything queued at its turn and sends it with vectored writes, so under load many messages
+//! leave in one system call, and when idle a message leaves at once.
 
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::node::now_us;
+use crate::socket::SharedWrite;
+use bytes::Buf;
 use herald_core::engine::Outbox;
 use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
 use herald_core::wire::{self, Frame};
 use parking_lot::Mutex;
 use std::io::{self, IoSlice};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
 pub struct Connection {
-    queue: Mutex<OutboundQueue>,
-    /// Wakes the writer when frames arrive in an empty queue or the queue closes.
+    out: Mutex<Outgoing>,
+    /// The plain TCP socket, which queueing tasks may write to directly; `None` when only the
+    /// writer task writes (TLS, VBDS).
+    socket: Option<OwnedWriteHalf>,
+    /// This connection, for the direct-write list (the engine hands out `&Connection`).
+    me: Weak<Connection>,
+    /// Wakes the writer when it has work: a first frame queued outside a direct-write batch, a
+    /// direct write's leftovers, a close.
     wake: Notify,
     /// Tells a writer stuck on a full socket that the connection is being cut.
     cut: Notify,
@@ -28,14 +41,33 @@ pub struct Connection {
     metrics: Arc<Metrics>,
 }
 
+/// What waits to be written, and who is writing.
+struct Outgoing {
+    queue: OutboundQueue,
+    writer: Writer,
+    /// What a direct write could not send, handed to the writer task (first frame trimmed to
+    /// its unsent bytes).
+    carry: Vec<Frame>,
+}
+
+/// Who holds the socket's write side. Taken and given back under the `out` lock.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Writer {
+    Nobody,
+    /// A task writing directly; it never waits, and hands over to the writer task if it must.
+    Direct,
+    /// The connection's writer task.
+    Task,
+}
+
 impl Outbox for Connection {
     fn send(&self, frame: &Frame) {
-        let pushed = self.queue.lock().push(frame.clone());
+        let pushed = self.out.lock().queue.push(frame.clone());
         self.after_push(pushed, None);
     }
 
     fn deliver(&self, frame: &Frame, d: &Delivery) {
-        let delivered = self.queue.lock().deliver(frame, d);
+        let delivered = self.out.lock().queue.deliver(frame, d);
         if delivered.dropped > 0 {
             self.metrics
                 .policy(PolicyAction::Drop, d.rule, delivered.dropped);
@@ -49,9 +81,33 @@ impl Outbox for Connection {
 }
 
 impl Connection {
+    /// A connection whose writer task does all the writing.
     pub fn new(max_outbound_bytes: usize, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Connection {
-            queue: Mutex::new(OutboundQueue::new(max_outbound_bytes)),
+        Self::build(None, max_outbound_bytes, metrics)
+    }
+
+    /// A connection on a plain TCP socket that queueing tasks may also write to directly.
+    pub fn direct(
+        socket: OwnedWriteHalf,
+        max_outbound_bytes: usize,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Self::build(Some(socket), max_outbound_bytes, metrics)
+    }
+
+    fn build(
+        socket: Option<OwnedWriteHalf>,
+        max_outbound_bytes: usize,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Connection {
+            out: Mutex::new(Outgoing {
+                queue: OutboundQueue::new(max_outbound_bytes),
+                writer: Writer::Nobody,
+                carry: Vec::new(),
+            }),
+            socket,
+            me: me.clone(),
             wake: Notify::new(),
             cut: Notify::new(),
             closing: Mutex::new(None),
@@ -60,11 +116,16 @@ impl Connection {
         })
     }
 
-    /// Wakes the writer for a first frame, or cuts a slow consumer (`rule`: the configured
-    /// policy rule of the message's topic, for the metrics).
+    /// Arranges for a first frame to be written (directly after the current batch, or by the
+    /// writer task), or cuts a slow consumer (`rule`: the configured policy rule of the
+    /// message's topic, for the metrics).
     fn after_push(&self, pushed: Pushed, rule: Option<usize>) {
         match pushed {
-            Pushed::First => self.wake.notify_one(),
+            Pushed::First => {
+                if self.socket.is_none() || !crate::flush::defer(|| self.me.upgrade()) {
+                    self.wake.notify_one();
+                }
+            }
             Pushed::Queued | Pushed::Closed => {}
             Pushed::Overflow => {
                 let reason = format!(
@@ -87,7 +148,7 @@ impl Connection {
     /// Closes with a ready-made close frame (e.g. the echo of a client's close).
     pub fn close_with(&self, why: Disconnect, frame: Frame) {
         let discard = why == Disconnect::SlowConsumer;
-        if !self.queue.lock().close(frame, discard) {
+        if !self.out.lock().queue.close(frame, discard) {
             return;
         }
         *self.closing.lock() = Some(why);
@@ -99,18 +160,93 @@ impl Connection {
 
     /// Queues a control frame (a pong) that must not count against the consumer.
     pub fn send_control(&self, frame: Frame) {
-        if self.queue.lock().push(frame) == Pushed::First {
+        if self.out.lock().queue.push(frame) == Pushed::First {
             self.wake.notify_one();
         }
     }
 
     pub fn is_closing(&self) -> bool {
-        self.queue.lock().is_closed()
+        self.out.lock().queue.is_closed()
     }
 
     /// Why the connection closed, if it did.
     pub fn close_reason(&self) -> Option<Disconnect> {
         *self.closing.lock()
+    }
+
+    /// Writes what is queued straight to the socket, from the calling task and without waiting,
+    /// unless someone else is writing (they take it with theirs). What the socket does not take
+    /// goes to the writer task, as do the close frame and throttled messages. `frames`: scratch
+    /// space, left empty.
+    pub fn write_now(&self, frames: &mut Vec<Frame>, now_us: u64) {
+        let Some(socket) = &self.socket else {
+            return;
+        };
+        {
+            let mut out = self.out.lock();
+            if out.writer != Writer::Nobody || out.queue.is_closed() {
+                return;
+            }
+            out.queue.drain_into(frames, now_us);
+            if frames.is_empty() {
+                // Only throttled messages wait: the writer task keeps their time.
+                let throttled = out.queue.next_due().is_some();
+                drop(out);
+                if throttled {
+                    self.wake.notify_one();
+                }
+                return;
+            }
+            out.writer = Writer::Direct;
+        }
+        loop {
+            let (count, bytes) = (frames.len(), frames.iter().map(Frame::len).sum::<usize>());
+            let result = write_without_waiting(socket, frames);
+            self.count_out(
+                count - frames.len(),
+                bytes - frames.iter().map(Frame::len).sum::<usize>(),
+            );
+            let mut out = self.out.lock();
+            if result.is_err() || !frames.is_empty() {
+                // The writer task waits for the socket (or meets the error and ends the session).
+                out.carry = std::mem::take(frames);
+                out.writer = Writer::Task;
+                drop(out);
+                self.wake.notify_one();
+                return;
+            }
+            if !out.queue.is_closed() {
+                out.queue.drain_into(frames, now_us);
+            }
+            if frames.is_empty() {
+                out.writer = Writer::Nobody;
+                let task_has_work = !out.queue.is_empty() || out.queue.next_due().is_some();
+                drop(out);
+                if task_has_work {
+                    self.wake.notify_one();
+                }
+                return;
+            }
+        }
+    }
+
+    /// Leaves what is queued to the writer task.
+    pub fn wake_writer(&self) {
+        self.wake.notify_one();
+    }
+
+    fn count_out(&self, frames: usize, bytes: usize) {
+        self.metrics.frames_out.inc_by(frames as u64);
+        self.metrics.bytes_out.inc_by(bytes as u64);
+    }
+
+    /// Runs the writer task on the connection's own socket (see [`Connection::direct`]).
+    pub async fn run_direct_writer(&self, grace: Duration) -> io::Result<()> {
+        let socket = self
+            .socket
+            .as_ref()
+            .expect("a direct connection has a socket");
+        self.run_writer(SharedWrite(socket.as_ref()), grace).await
     }
 
     /// Writes queued frames to `io` until the close frame has gone out (or the socket fails).
@@ -138,10 +274,7 @@ impl Connection {
                     }
                 }
             }
-            self.metrics.frames_out.inc_by(batch.len() as u64);
-            self.metrics
-                .bytes_out
-                .inc_by(batch.iter().map(|f| f.len() as u64).sum());
+            self.count_out(batch.len(), batch.iter().map(Frame::len).sum());
             batch.clear();
         }
         let _ = tokio::time::timeout(grace, io.shutdown()).await;
@@ -150,18 +283,33 @@ impl Connection {
 }
 
 impl Connection {
-    /// Waits until frames may go, moves them into `batch`, and says whether the queue is closed
-    /// (then nothing follows what was moved). Returns with an empty batch only once closed.
+    /// Waits until frames may go, moves them into `batch` (the writer task now holds the
+    /// socket), and says whether the queue is closed (then nothing follows what was moved).
+    /// Returns with an empty batch only once closed.
     pub async fn next_frames(&self, batch: &mut Vec<Frame>) -> bool {
         loop {
             let (closed, next_due) = {
-                let mut queue = self.queue.lock();
-                queue.drain_into(batch, now_us());
-                if batch.is_empty() {
-                    // About to wait: an idle connection keeps little memory.
-                    queue.shrink_idle();
+                let mut out = self.out.lock();
+                match out.writer {
+                    // It hands over or finishes, and wakes us if anything is left for us.
+                    Writer::Direct => (false, None),
+                    Writer::Task if !out.carry.is_empty() => {
+                        // A direct write's leftovers; the close frame is never among them.
+                        std::mem::swap(batch, &mut out.carry);
+                        return false;
+                    }
+                    Writer::Nobody | Writer::Task => {
+                        out.queue.drain_into(batch, now_us());
+                        if batch.is_empty() {
+                            // About to wait: an idle connection keeps little memory.
+                            out.queue.shrink_idle();
+                            out.writer = Writer::Nobody;
+                        } else {
+                            out.writer = Writer::Task;
+                        }
+                        (out.queue.is_closed(), out.queue.next_due())
+                    }
                 }
-                (queue.is_closed(), queue.next_due())
             };
             if !batch.is_empty() || closed {
                 return closed;
@@ -179,6 +327,53 @@ impl Connection {
             }
         }
     }
+}
+
+/// Writes as much of `frames` as the socket takes now, removing what was written (a partly
+/// written frame keeps its unsent bytes). Stops without error when the socket is full.
+fn write_without_waiting(socket: &OwnedWriteHalf, frames: &mut Vec<Frame>) -> io::Result<()> {
+    // Frames per system call; a direct write rarely has more than a few.
+    const MAX_FRAMES: usize = 64;
+    while !frames.is_empty() {
+        let written = {
+            let mut slices = [IoSlice::new(&[]); 2 * MAX_FRAMES];
+            let mut n = 0;
+            for frame in frames.iter().take(MAX_FRAMES) {
+                for part in [&frame.head, &frame.body] {
+                    if !part.is_empty() {
+                        slices[n] = IoSlice::new(part);
+                        n += 1;
+                    }
+                }
+            }
+            match socket.try_write_vectored(&slices[..n]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(written) => written,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        };
+        consume(frames, written);
+    }
+    Ok(())
+}
+
+/// Removes the first `written` bytes from the front of `frames`.
+fn consume(frames: &mut Vec<Frame>, mut written: usize) {
+    let mut done = 0;
+    for frame in frames.iter_mut() {
+        let len = frame.len();
+        if written >= len {
+            written -= len;
+            done += 1;
+            continue;
+        }
+        let from_head = written.min(frame.head.len());
+        frame.head.advance(from_head);
+        frame.body.advance(written - from_head);
+        break;
+    }
+    frames.drain(..done);
 }
 
 async fn bounded(

@@ -8,7 +8,9 @@
 //! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
 //! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
-//! - [`connection`]: a connection's outbound queue and its batching writer.
+//! - [`socket`]: the stream under a session, split lock-free when it is plain TCP.
+//! - [`connection`]: a connection's outbound queue and who writes it (direct or writer task).
+//! - [`flush`]: direct writes: what a batch of publishes queued leaves from the publishing task.
 //! - [`dashboard`]: the live dashboard at `/` (assets compiled in).
 //! - [`introspect`]: `GET /api/stats` and `GET /api/topics` (JSON) for the dashboard.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
@@ -24,6 +26,7 @@ pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod dashboard;
+pub mod flush;
 pub mod http;
 pub mod introspect;
 pub mod jwks;
@@ -32,6 +35,7 @@ pub mod listener;
 pub mod metrics;
 pub mod nats;
 pub mod node;
+pub mod socket;
 pub mod tls;
 pub mod upload;
 pub mod vbds;

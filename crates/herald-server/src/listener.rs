@@ -7,7 +7,9 @@ use crate::limits::IpGuard;
 use crate::metrics::Reason;
 use crate::node::Node;
 use axum::Router;
+use bytes::Bytes;
 use hyper::server::conn::http1;
+use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
@@ -68,43 +70,19 @@ pub async fn serve(
         }
         let service = TowerToHyperService::new(router.clone());
         let timeout = node.config.limits.handshake_timeout();
-        let mut stopping = stopping.clone();
+        let stopping = stopping.clone();
         let tls = node.tls.as_ref().map(|tls| tls.acceptor());
         connections.spawn(async move {
-            let stream = match tls {
-                None => Stream::Plain(tcp),
-                Some(acceptor) => {
-                    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => Stream::Tls(Box::new(tls)),
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return, // slow TLS handshake: the same deadline as headers
+            match tls {
+                None => serve_http(Guarded { io: tcp, guard }, service, timeout, stopping).await,
+                Some(acceptor) => match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let io = Guarded { io: tls, guard };
+                        serve_http(io, service, timeout, stopping).await
                     }
-                }
-            };
-            let io = Guarded {
-                io: stream,
-                _guard: guard,
-            };
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout);
-            let conn = builder
-                .serve_connection(TokioIo::new(io), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                result = conn.as_mut() => result,
-                _ = stopping.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => {} // slow TLS handshake: the same deadline as headers
+                },
             }
         });
     }
@@ -114,52 +92,68 @@ pub async fn serve(
     let _ = tokio::time::timeout(grace, connections.wait()).await;
 }
 
-/// The connection's byte stream: plain TCP or TLS over it.
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-/// A stream that holds its source IP's connection slot until it is dropped, which, for an
-/// upgraded WebSocket, is when the session ends.
-struct Guarded {
-    io: Stream,
-    _guard: IpGuard,
-}
-
-/// Evaluates `$call` with `$io` bound to whichever stream `$self` holds, pinned.
-macro_rules! each {
-    ($self:ident, $io:ident => $call:expr) => {
-        match &mut $self.io {
-            Stream::Plain($io) => {
-                let $io = Pin::new($io);
-                $call
-            }
-            Stream::Tls($io) => {
-                let $io = Pin::new($io.as_mut());
-                $call
-            }
+/// Serves HTTP/1 on one connection until it ends, is upgraded, or the server stops.
+async fn serve_http<S>(
+    io: Guarded<S>,
+    service: TowerToHyperService<Router>,
+    timeout: Duration,
+    mut stopping: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        _ = stopping.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
         }
     };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "HTTP connection ended with an error");
+    }
 }
 
-impl AsyncRead for Guarded {
+/// A stream (plain TCP, or TLS over it) that holds its source IP's connection slot until it is
+/// dropped, which, for an upgraded WebSocket, is when the session ends.
+struct Guarded<S> {
+    io: S,
+    guard: IpGuard,
+}
+
+/// The plain TCP socket under a WebSocket upgraded from herald's listener, with its IP slot and
+/// the bytes hyper read past the handshake; `Err` gives back anything else (TLS, or a
+/// connection served by another listener, as in tests).
+pub(crate) fn into_tcp(upgraded: Upgraded) -> Result<(TcpStream, IpGuard, Bytes), Upgraded> {
+    let parts = upgraded.downcast::<TokioIo<Guarded<TcpStream>>>()?;
+    let guarded = parts.io.into_inner();
+    Ok((guarded.io, guarded.guard, parts.read_buf))
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        each!(self, io => io.poll_read(cx, buf))
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        each!(self, io => io.poll_write(cx, buf))
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -167,21 +161,18 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        each!(self, io => io.poll_write_vectored(cx, bufs))
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.io {
-            Stream::Plain(io) => io.is_write_vectored(),
-            Stream::Tls(io) => io.is_write_vectored(),
-        }
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(self, io => io.poll_flush(cx))
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(self, io => io.poll_shutdown(cx))
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

@@ -4,6 +4,7 @@
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::connection::Connection;
+use crate::flush::Pending;
 use crate::introspect::Introspection;
 use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
@@ -74,16 +75,18 @@ impl Node {
 
     /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).
     pub async fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
+        let mut pending = Pending::default();
         let result = self
-            .when_admitted(&p.topic, |engine| {
+            .when_admitted(&p.topic, &mut pending, |engine, pending| {
                 let now = now_us();
-                let result = engine.publish(p, now);
+                let result = pending.collect(|| engine.publish(p, now));
                 if let Ok(published) = &result {
                     self.hand_to_broker(engine, p, published, now);
                 }
                 result
             })
             .await;
+        pending.flush();
         match &result {
             Ok(published) => {
                 self.metrics.messages_in_http.inc();
@@ -98,19 +101,21 @@ impl Node {
     /// Carries out a WebSocket client's request. A publish waits while a `lossless` subscriber
     /// of its topic is out of credit ([`Node::when_admitted`]). With a broker, a publish is
     /// handed on to it and interest changes are reported to it, under the engine lock so that
-    /// NATS sees a topic's messages in sequence order.
+    /// NATS sees a topic's messages in sequence order. What it queues for connections is
+    /// written when the caller flushes `pending`.
     pub async fn handle(
         &self,
         conn: ConnId,
         request: Request,
+        pending: &mut Pending,
     ) -> Result<Option<Published>, &'static str> {
         if let Request::Publish(p) = &request {
             let topic = p.topic.clone();
             let publish = self.broker.is_some().then(|| p.clone());
             return self
-                .when_admitted(&topic, |engine| {
+                .when_admitted(&topic, pending, |engine, pending| {
                     let now = now_us();
-                    let result = engine.handle(conn, request, now);
+                    let result = pending.collect(|| engine.handle(conn, request, now));
                     if let (Ok(Some(published)), Some(p)) = (&result, &publish) {
                         self.hand_to_broker(engine, p, published, now);
                     }
@@ -119,7 +124,7 @@ impl Node {
                 .await;
         }
         let mut engine = self.engine.lock();
-        let result = engine.handle(conn, request, now_us());
+        let result = pending.collect(|| engine.handle(conn, request, now_us()));
         if let Some(broker) = &self.broker {
             broker.interest(engine.take_interest_changes());
         }
@@ -156,7 +161,9 @@ impl Node {
     /// Delivers a message another node published; returns how many of its messages were found
     /// missing before it, if any.
     pub fn publish_remote(&self, p: &Publish, epoch: &str, seq: u64, at_us: u64) -> Option<u64> {
-        let result = self.engine.lock().publish_remote(p, epoch, seq, at_us);
+        let mut pending = Pending::default();
+        let result = pending.collect(|| self.engine.lock().publish_remote(p, epoch, seq, at_us));
+        pending.flush();
         match result {
             Ok(r) => {
                 // A remote message cannot be held: a lossless subscriber out of credit is cut.
@@ -173,20 +180,23 @@ impl Node {
     /// Runs `publish` under the engine lock once no `lossless` subscriber of `topic` is out of
     /// credit, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
     /// subscribers, see [`Node::published`]). Only this publisher waits: its WebSocket reader or
-    /// HTTP request, never the other publishers.
+    /// HTTP request, never the other publishers. `pending` is flushed before waiting: what
+    /// this publisher already queued may be what the subscriber needs to grant credit.
     pub async fn when_admitted<R>(
         &self,
         topic: &str,
-        publish: impl FnOnce(&mut Engine<Arc<Connection>>) -> R,
+        pending: &mut Pending,
+        publish: impl FnOnce(&mut Engine<Arc<Connection>>, &mut Pending) -> R,
     ) -> R {
         // Every publish comes through here and almost none is held: that case reads no clock
         // and registers no waiter on `released` (which takes its lock twice).
         {
             let mut engine = self.engine.lock();
             if !engine.is_held(topic) {
-                return publish(&mut engine);
+                return publish(&mut engine, pending);
             }
         }
+        pending.flush();
         self.metrics.policy(PolicyAction::Hold, None, 1);
         let deadline = Instant::now() + Duration::from_millis(self.config.lossless_hold_timeout_ms);
         loop {
@@ -197,7 +207,7 @@ impl Node {
             {
                 let mut engine = self.engine.lock();
                 if !engine.is_held(topic) || Instant::now() >= deadline {
-                    return publish(&mut engine);
+                    return publish(&mut engine, pending);
                 }
             }
             let _ = tokio::time::timeout_at(deadline, released).await;

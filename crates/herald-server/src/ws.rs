@@ -7,6 +7,7 @@
 
 use crate::auth::{self, Access, Admit, Deadline, Refused};
 use crate::connection::Connection;
+use crate::flush::Pending;
 use crate::limits::Meter;
 use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
@@ -22,7 +23,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncRead;
 use tokio::sync::watch;
 
 /// Bytes a frame may carry beyond `max_message_bytes`: room for a binary frame's JSON header.
@@ -33,8 +34,8 @@ pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Respons
 }
 
 /// The two halves of an upgraded connection.
-pub type ReadHalf = tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
-pub type WriteHalf = tokio::io::WriteHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+pub type ReadHalf = crate::socket::SocketRead;
+pub type WriteHalf = crate::socket::SocketWrite;
 
 /// Answers a WebSocket handshake (or refuses it: not an upgrade, an origin not allowed, too many
 /// connections) and runs `session` on the upgraded connection with the token the request
@@ -79,7 +80,7 @@ where
             node.sessions.spawn(async move {
                 match upgraded.await {
                     Ok(ws) => {
-                        let (read, write) = tokio::io::split(ws.into_inner());
+                        let (read, write) = crate::socket::split(ws.into_inner().into_inner());
                         session(session_node, read, write, token).await
                     }
                     Err(e) => {
@@ -171,12 +172,12 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-async fn run_session<R, W>(node: Arc<Node>, read: R, write: W, token: Option<String>)
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let conn = Connection::new(node.config.max_outbound_bytes, node.metrics.clone());
+async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: Option<String>) {
+    let (max, metrics) = (node.config.max_outbound_bytes, node.metrics.clone());
+    let (conn, write) = match write {
+        WriteHalf::Tcp(socket) => (Connection::direct(socket, max, metrics), None),
+        other => (Connection::new(max, metrics), Some(other)),
+    };
     let id = node.engine.lock().connect(conn.clone());
     let mut access = Access::new(node.auth.clone(), node.config.limits.handshake_timeout());
     if let Some(token) = token {
@@ -194,7 +195,12 @@ where
         fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
     reader.set_max_message_size(frame_limit(&node));
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
-    let writer = conn.run_writer(write, grace);
+    let writer = async {
+        match write {
+            Some(write) => conn.run_writer(write, grace).await,
+            None => conn.run_direct_writer(grace).await,
+        }
+    };
     tokio::pin!(writer);
     let why = tokio::select! {
         why = read_requests(&node, id, &conn, &mut reader, &mut access, &activity) => {
@@ -326,16 +332,30 @@ async fn read_requests<R: AsyncRead + Unpin>(
         std::future::ready(Ok::<(), Infallible>(()))
     };
     let mut partial: Option<(OpCode, BytesMut)> = None;
+    // What this reader's requests queued for other connections: written once the input read
+    // so far is handled (see `flush`), so a burst of publishes leaves in few writes.
+    let mut pending = Pending::default();
     let mut handled = 0u32;
     loop {
         // A publisher whose frames are already buffered never has to wait on its socket, so
-        // this loop would keep its worker thread: yield now and then, so that subscribers'
-        // writers (and their throttle timers) run while herald is saturated.
+        // this loop would keep its worker thread: now and then, write what is pending and
+        // yield, so that other tasks (writers, throttle timers) run while herald is saturated.
         handled = handled.wrapping_add(1);
         if handled.is_multiple_of(64) {
+            pending.flush();
             tokio::task::yield_now().await;
         }
-        let mut frame = match reader.read_frame(&mut obliged).await {
+        let read = reader.read_frame(&mut obliged);
+        tokio::pin!(read);
+        // Polled once first: only when the input is drained does the reader flush.
+        let next = match futures_util::poll!(read.as_mut()) {
+            std::task::Poll::Ready(next) => next,
+            std::task::Poll::Pending => {
+                pending.flush();
+                read.await
+            }
+        };
+        let mut frame = match next {
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
         };
@@ -420,7 +440,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         );
         // A publish waits while a lossless subscriber of its topic is out of credit: only this
         // reader is held.
-        match node.handle(id, request).await {
+        match node.handle(id, request, &mut pending).await {
             Ok(Some(published)) => node.published(&published),
             Ok(None) => {}
             Err(code) => node.count_error(code),
@@ -428,6 +448,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         if releases {
             node.released.notify_waiters();
         }
+        pending.flush_if_full();
     }
 }
 

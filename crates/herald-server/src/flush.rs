@@ -1,0 +1,119 @@
+//! Direct writes: frames queued by a publish leave from the publishing task itself, once its
+//! input is drained, instead of waking each subscriber's writer task.
+//!
+//! Waking a writer task per delivery cost more than the delivery (a scheduler round trip, the
+//! session future polled, its timers and reader polled too, the waiter re-registered): at
+//! 100,000 deliveries/s that was a third of a core. So while a task does synchronous engine work
+//! inside [`Pending::collect`], a connection that receives its first queued frame is noted here
+//! rather than woken, and [`Pending::flush`] later writes each noted connection's queue with one
+//! non-blocking vectored write. A socket that does not take everything hands the rest to its
+//! writer task, which waits for the socket; so does a connection that cannot be written
+//! directly (TLS). This is uWebSockets' cork-and-flush, on tokio.
+
+use crate::connection::Connection;
+use crate::node::now_us;
+use herald_core::wire::Frame;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+thread_local! {
+    /// The connections noted by the [`Pending::collect`] running on this thread, if one is.
+    static COLLECTING: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
+}
+
+/// How many connections may wait before [`Pending::flush_if_full`] writes them.
+const FLUSH_AT: usize = 32;
+
+/// Connections with frames to write once the current batch of work is done.
+#[derive(Default)]
+pub struct Pending {
+    conns: Vec<Arc<Connection>>,
+    /// Reused by every flush: the frames of one connection on their way to its socket.
+    frames: Vec<Frame>,
+}
+
+impl Pending {
+    /// Runs synchronous `work` (engine calls), noting the connections it gives a first frame.
+    /// `work` must not block: the list is per thread. Nested calls note into the outer one.
+    pub fn collect<R>(&mut self, work: impl FnOnce() -> R) -> R {
+        let outer = COLLECTING.with(|c| c.borrow().is_some());
+        if outer {
+            return work();
+        }
+        COLLECTING.with(|c| *c.borrow_mut() = Some(std::mem::take(&mut self.conns)));
+        // Restored even if `work` panics: a list left behind would swallow later wake-ups.
+        let _restore = Restore(&mut self.conns);
+        work()
+    }
+
+    /// Flushes once enough connections wait. Each costs a system call of several µs (on
+    /// loopback the kernel charges the receiver's TCP work to the writer), so a long list would
+    /// hold its first connection's frames back for milliseconds; a short one still lets a
+    /// connection that gets several messages in a burst take them in one write.
+    pub fn flush_if_full(&mut self) {
+        if self.conns.len() >= FLUSH_AT {
+            self.flush();
+        }
+    }
+
+    /// Writes every noted connection's queue now, as far as its socket takes it. A long list
+    /// on a runtime with several worker threads is shared out instead: past the first
+    /// [`FLUSH_AT`], connections are handed to their writer tasks, which idle workers steal, so
+    /// one publisher's large fan-out does not keep all its writes on one core.
+    pub fn flush(&mut self) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let direct = if self.conns.len() > FLUSH_AT && several_workers() {
+            FLUSH_AT
+        } else {
+            usize::MAX
+        };
+        let now = now_us();
+        for (i, conn) in self.conns.drain(..).enumerate() {
+            if i < direct {
+                conn.write_now(&mut self.frames, now);
+                self.frames.clear();
+            } else {
+                conn.wake_writer();
+            }
+        }
+    }
+}
+
+/// Takes the thread's list back into the [`Pending`] that lent it.
+struct Restore<'a>(&'a mut Vec<Arc<Connection>>);
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        *self.0 = COLLECTING
+            .with(|c| c.borrow_mut().take())
+            .unwrap_or_default();
+    }
+}
+
+impl Drop for Pending {
+    /// A task that stops with work noted still writes it (or hands it to the writers).
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Notes `conn` for the collecting task on this thread; false when none is collecting (then
+/// the caller wakes the connection's writer).
+pub(crate) fn defer(conn: impl FnOnce() -> Option<Arc<Connection>>) -> bool {
+    COLLECTING.with(|c| match c.borrow_mut().as_mut() {
+        Some(list) => match conn() {
+            Some(conn) => {
+                list.push(conn);
+                true
+            }
+            None => false,
+        },
+        None => false,
+    })
+}
+
+fn several_workers() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|rt| rt.metrics().num_workers() > 1)
+}

@@ -1,0 +1,174 @@
+//! The byte stream under a WebSocket session, taken out of hyper after the upgrade.
+//!
+//! A plain TCP socket is split without a lock (`TcpStream::into_split`), so that its write half
+//! can be written to directly by the task that queued a frame (see [`crate::flush`]) as well as
+//! by the connection's writer task. Anything else (TLS) goes through tokio's `split`, whose
+//! halves share a lock, and is written by the writer task alone.
+
+use crate::limits::IpGuard;
+use bytes::{Buf, Bytes};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+type Split<T> = (tokio::io::ReadHalf<T>, tokio::io::WriteHalf<T>);
+
+/// The read side of a session's stream.
+pub enum SocketRead {
+    /// Plain TCP, after the bytes hyper had already read past the handshake; holds the
+    /// connection's place in its IP's count for as long as the session reads.
+    Tcp(Prefixed<OwnedReadHalf>, IpGuard),
+    Split(tokio::io::ReadHalf<TokioIo<Upgraded>>),
+}
+
+/// The write side of a session's stream.
+pub enum SocketWrite {
+    Tcp(OwnedWriteHalf),
+    Split(tokio::io::WriteHalf<TokioIo<Upgraded>>),
+}
+
+/// Splits an upgraded connection, the lock-free way when it is plain TCP accepted by herald's
+/// listener.
+pub fn split(upgraded: Upgraded) -> (SocketRead, SocketWrite) {
+    match crate::listener::into_tcp(upgraded) {
+        Ok((tcp, guard, read_ahead)) => {
+            let (read, write) = tcp.into_split();
+            let read = Prefixed {
+                ahead: read_ahead,
+                io: read,
+            };
+            (SocketRead::Tcp(read, guard), SocketWrite::Tcp(write))
+        }
+        Err(upgraded) => {
+            let (read, write): Split<_> = tokio::io::split(TokioIo::new(upgraded));
+            (SocketRead::Split(read), SocketWrite::Split(write))
+        }
+    }
+}
+
+/// A reader that first yields bytes read ahead by someone else (hyper, past the handshake).
+pub struct Prefixed<R> {
+    ahead: Bytes,
+    io: R,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Prefixed<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.ahead.is_empty() {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        let n = self.ahead.len().min(buf.remaining());
+        buf.put_slice(&self.ahead[..n]);
+        self.ahead.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for SocketRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            SocketRead::Tcp(io, _) => Pin::new(io).poll_read(cx, buf),
+            SocketRead::Split(io) => Pin::new(io).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for SocketWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            SocketWrite::Tcp(io) => Pin::new(io).poll_write(cx, buf),
+            SocketWrite::Split(io) => Pin::new(io).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            SocketWrite::Tcp(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            SocketWrite::Split(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            SocketWrite::Tcp(io) => io.is_write_vectored(),
+            SocketWrite::Split(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            SocketWrite::Tcp(io) => Pin::new(io).poll_flush(cx),
+            SocketWrite::Split(io) => Pin::new(io).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            SocketWrite::Tcp(io) => Pin::new(io).poll_shutdown(cx),
+            SocketWrite::Split(io) => Pin::new(io).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Writes to a TCP socket through a shared reference, so the writer task can use the socket
+/// that direct writes use too (they never write at the same time: see `Connection`).
+/// tokio implements `AsyncWrite` only for an owned stream or half.
+pub struct SharedWrite<'a>(pub &'a TcpStream);
+
+impl AsyncWrite for SharedWrite<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            // A WouldBlock here clears the readiness, so the next poll waits for the socket.
+            match self.0.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(self.0).shutdown(std::net::Shutdown::Write))
+    }
+}
