@@ -7,7 +7,7 @@
 //! path, which is why framing is written here by hand rather than left to the WebSocket crate
 //! (which would copy and re-frame the payload for every subscriber).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -338,25 +338,29 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
         PayloadKind::Text => {
             let text = std::str::from_utf8(payload)
                 .expect("text payloads are validated UTF-8 when published");
-            let mut json = Vec::with_capacity(payload.len() + meta.topic.len() + 64);
-            write_meta_fields(&mut json, meta);
-            json.extend_from_slice(b",\"data\":");
-            write_json_str(&mut json, text);
-            json.push(b'}');
-            let head = ws_header(OpCode::Text, json.len());
-            // One buffer: small text messages are cheapest to write as a single slice.
-            let mut buf = BytesMut::with_capacity(head.len() + json.len());
-            buf.put_slice(&head);
-            buf.put_slice(&json);
+            // One buffer, one slice to write: the JSON goes after room for the longest
+            // WebSocket header, and the header is put right before it once the length is known.
+            let mut buf =
+                BytesMut::with_capacity(MAX_HEADER + payload.len() + meta.topic.len() + 80);
+            buf.put_bytes(0, MAX_HEADER);
+            write_meta_fields(&mut buf, meta);
+            buf.put_slice(b",\"data\":");
+            write_json_str(&mut buf, text);
+            buf.put_u8(b'}');
+            let head = ws_header(OpCode::Text, buf.len() - MAX_HEADER);
+            let start = MAX_HEADER - head.len();
+            buf[start..MAX_HEADER].copy_from_slice(&head);
+            let mut head = buf.freeze();
+            head.advance(start);
             Frame {
-                head: buf.freeze(),
+                head,
                 body: Bytes::new(),
             }
         }
         PayloadKind::Binary => {
-            let mut json = Vec::with_capacity(meta.topic.len() + 64);
+            let mut json = BytesMut::with_capacity(meta.topic.len() + 80);
             write_meta_fields(&mut json, meta);
-            json.push(b'}');
+            json.put_u8(b'}');
             let head = ws_header(OpCode::Binary, 4 + json.len() + payload.len());
             let mut buf = BytesMut::with_capacity(head.len() + 4 + json.len());
             buf.put_slice(&head);
@@ -370,31 +374,41 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
     }
 }
 
+/// The longest WebSocket frame header a server sends (no mask): 1 + 1 + 8 bytes.
+const MAX_HEADER: usize = 10;
+
 /// `{"op":"msg","topic":…,"seq":…,"epoch":…[,"ct":…][,"ts":…]` (no closing brace).
-fn write_meta_fields(out: &mut Vec<u8>, meta: &MessageMeta) {
-    out.extend_from_slice(b"{\"op\":\"msg\",\"topic\":");
+fn write_meta_fields(out: &mut BytesMut, meta: &MessageMeta) {
+    out.put_slice(b"{\"op\":\"msg\",\"topic\":");
     write_json_str(out, meta.topic);
-    out.extend_from_slice(b",\"seq\":");
+    out.put_slice(b",\"seq\":");
     write_u64(out, meta.seq);
-    out.extend_from_slice(b",\"epoch\":");
+    out.put_slice(b",\"epoch\":");
     write_json_str(out, meta.epoch);
     if let Some(ct) = meta.content_type {
-        out.extend_from_slice(b",\"ct\":");
+        out.put_slice(b",\"ct\":");
         write_json_str(out, ct);
     }
     if let Some(ts) = meta.timestamp_us {
-        out.extend_from_slice(b",\"ts\":");
+        out.put_slice(b",\"ts\":");
         write_u64(out, ts);
     }
 }
 
-fn write_u64(out: &mut Vec<u8>, n: u64) {
-    use std::io::Write;
-    write!(out, "{n}").expect("writing to a Vec cannot fail");
+fn write_u64(out: &mut BytesMut, n: u64) {
+    out.put_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    serde_json::to_writer(out, s).expect("writing JSON to a Vec cannot fail");
+/// A JSON string. Most topics and payloads need no escape: they are copied as they are
+/// (serde_json escapes exactly `"`, `\` and control characters, so the output is the same).
+fn write_json_str(out: &mut BytesMut, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.put_u8(b'"');
+        out.put_slice(s.as_bytes());
+        out.put_u8(b'"');
+    } else {
+        serde_json::to_writer(out.writer(), s).expect("writing JSON to memory cannot fail");
+    }
 }
 
 /// Server replies (everything but messages). Not on the fan-out path: serde is fine here.

@@ -200,12 +200,9 @@ impl Connection {
             out.writer = Writer::Direct;
         }
         loop {
-            let (count, bytes) = (frames.len(), frames.iter().map(Frame::len).sum::<usize>());
+            let before = (frames.len(), bytes_of(frames));
             let result = write_without_waiting(socket, frames);
-            self.count_out(
-                count - frames.len(),
-                bytes - frames.iter().map(Frame::len).sum::<usize>(),
-            );
+            self.count_out(before.0 - frames.len(), before.1 - bytes_of(frames));
             let mut out = self.out.lock();
             if result.is_err() || !frames.is_empty() {
                 // The writer task waits for the socket (or meets the error and ends the session).
@@ -274,7 +271,7 @@ impl Connection {
                     }
                 }
             }
-            self.count_out(batch.len(), batch.iter().map(Frame::len).sum());
+            self.count_out(batch.len(), bytes_of(&batch));
             batch.clear();
         }
         let _ = tokio::time::timeout(grace, io.shutdown()).await;
@@ -332,8 +329,9 @@ impl Connection {
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
 fn write_without_waiting(socket: &OwnedWriteHalf, frames: &mut Vec<Frame>) -> io::Result<()> {
-    // Frames per system call; a direct write rarely has more than a few.
-    const MAX_FRAMES: usize = 64;
+    // Frames per system call. A direct write rarely has more than a few, and the slices are
+    // initialised at every call.
+    const MAX_FRAMES: usize = 16;
     while !frames.is_empty() {
         let written = {
             let mut slices = [IoSlice::new(&[]); 2 * MAX_FRAMES];
@@ -356,6 +354,10 @@ fn write_without_waiting(socket: &OwnedWriteHalf, frames: &mut Vec<Frame>) -> io
         consume(frames, written);
     }
     Ok(())
+}
+
+fn bytes_of(frames: &[Frame]) -> usize {
+    frames.iter().map(Frame::len).sum()
 }
 
 /// Removes the first `written` bytes from the front of `frames`.

@@ -30,6 +30,9 @@ pub struct Pending {
     conns: Vec<Arc<Connection>>,
     /// Reused by every flush: the frames of one connection on their way to its socket.
     frames: Vec<Frame>,
+    /// Where the next flush starts in its list, so that no subscriber of a topic is always
+    /// written last (the seed 003 router randomised its fan-out order for the same reason).
+    turn: usize,
 }
 
 impl Pending {
@@ -69,6 +72,9 @@ impl Pending {
         } else {
             usize::MAX
         };
+        let start = self.turn % self.conns.len();
+        self.turn = self.turn.wrapping_add(1);
+        self.conns.rotate_left(start);
         let now = now_us();
         for (i, conn) in self.conns.drain(..).enumerate() {
             if i < direct {
