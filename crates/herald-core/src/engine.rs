@@ -101,6 +101,8 @@ impl Default for EngineConfig {
 
 pub type ConnId = u32;
 
+pub use cluster::{Recalled, Unanswered};
+
 /// A change in the set of patterns this engine's connections hold: the first subscriber to a
 /// pattern adds it, the last one to leave removes it. A cluster bridge subscribes upstream only
 /// to what local clients want (see [`Engine::track_interest`]).
@@ -366,6 +368,7 @@ impl<O: Outbox> Engine<O> {
                     counts.remove(pattern);
                     self.interest_changes
                         .push(Interest::Removed(pattern.to_owned()));
+                    self.forget_unfollowed(pattern);
                 }
             }
         }
@@ -566,7 +569,7 @@ impl<O: Outbox> Engine<O> {
         }
         let before = state.remote_at;
         if missed > 0 {
-            self.notify_hole(&p.topic, missed, before);
+            self.notify_hole(&p.topic, Some(missed), before);
         }
         let published = self.append(p, now_us);
         let at = self.publish_count;
@@ -577,13 +580,20 @@ impl<O: Outbox> Engine<O> {
     }
 
     /// Tells the subscribers of `name` that were already listening when its previous remote
-    /// message arrived (publish count `before`) that `missed` messages never came. Those who
-    /// subscribed later did not miss them: this node was not following the topic meanwhile.
-    fn notify_hole(&mut self, name: &str, missed: u64, before: u64) {
-        let notice = wire::encode_reply(&Reply::Dropped {
-            topic: name.to_owned(),
-            count: missed,
-            reason: "remote",
+    /// message arrived (publish count `before`) that `missed` messages never came (`None`: an
+    /// unknown number, maybe none). Those who subscribed later did not miss them: this node was
+    /// not following the topic meanwhile.
+    fn notify_hole(&mut self, name: &str, missed: Option<u64>, before: u64) {
+        let notice = wire::encode_reply(&match missed {
+            Some(count) => Reply::Dropped {
+                topic: name.to_owned(),
+                count,
+                reason: "remote",
+            },
+            None => Reply::MaybeDropped {
+                topic: name.to_owned(),
+                reason: "remote",
+            },
         });
         self.publish_count += 1;
         let generation = self.publish_count;
@@ -1012,5 +1022,6 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+mod cluster;
 #[cfg(test)]
 mod tests;
