@@ -78,7 +78,8 @@ impl<O: Outbox> Engine<O> {
                     && self
                         .topics
                         .get(s.topic.as_str())
-                        .map_or(true, |t| t.last.is_none())));
+                        .and_then(|t| t.last.as_ref())
+                        .is_none()));
         Unanswered { since, snapshot }
     }
 
