@@ -569,7 +569,7 @@ impl<O: Outbox> Engine<O> {
         }
         let before = state.remote_at;
         if missed > 0 {
-            self.notify_hole(&p.topic, Some(missed), before);
+            self.notify_hole(&p.topic, missed, before);
         }
         let published = self.append(p, now_us);
         let at = self.publish_count;
@@ -580,20 +580,13 @@ impl<O: Outbox> Engine<O> {
     }
 
     /// Tells the subscribers of `name` that were already listening when its previous remote
-    /// message arrived (publish count `before`) that `missed` messages never came (`None`: an
-    /// unknown number, maybe none). Those who subscribed later did not miss them: this node was
-    /// not following the topic meanwhile.
-    fn notify_hole(&mut self, name: &str, missed: Option<u64>, before: u64) {
-        let notice = wire::encode_reply(&match missed {
-            Some(count) => Reply::Dropped {
-                topic: name.to_owned(),
-                count,
-                reason: "remote",
-            },
-            None => Reply::MaybeDropped {
-                topic: name.to_owned(),
-                reason: "remote",
-            },
+    /// message arrived (publish count `before`) that `missed` messages never came. Those who
+    /// subscribed later did not miss them: this node was not following the topic meanwhile.
+    fn notify_hole(&mut self, name: &str, missed: u64, before: u64) {
+        let notice = wire::encode_reply(&Reply::Dropped {
+            topic: name.to_owned(),
+            count: missed,
+            reason: "remote",
         });
         self.publish_count += 1;
         let generation = self.publish_count;

@@ -438,10 +438,6 @@ pub enum Reply {
         count: u64,
         reason: &'static str,
     },
-    /// A `dropped` notice without a count: messages of `topic` may have been lost and herald
-    /// cannot know how many (a cluster node was cut from NATS and cannot ask JetStream).
-    #[serde(rename = "dropped")]
-    MaybeDropped { topic: String, reason: &'static str },
     Error {
         #[serde(skip_serializing_if = "Option::is_none")]
         id: Option<RequestId>,
@@ -800,14 +796,6 @@ mod tests {
         assert_eq!(
             serde_json::from_slice::<Value>(&body).unwrap(),
             json!({"op":"dropped","topic":"a","count":3,"reason":"drop"})
-        );
-        let (_, body) = unframe(&encode_reply(&Reply::MaybeDropped {
-            topic: "a".into(),
-            reason: "remote",
-        }));
-        assert_eq!(
-            serde_json::from_slice::<Value>(&body).unwrap(),
-            json!({"op":"dropped","topic":"a","reason":"remote"})
         );
     }
 

@@ -46,14 +46,9 @@ struct Overrides {
     #[command(flatten)]
     #[serde(skip_serializing_if = "TlsOverrides::is_empty")]
     tls: TlsOverrides,
-    /// Join a cluster through this NATS server, e.g. nats://127.0.0.1:4222 (sets `nats.url`)
-    #[arg(long, value_name = "URL")]
-    #[serde(
-        rename = "nats",
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "nats_url"
-    )]
-    nats: Option<String>,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "NatsOverrides::is_empty")]
+    nats: NatsOverrides,
 }
 
 /// Flags for the `[tls]` section.
@@ -90,12 +85,24 @@ impl AuthOverrides {
     }
 }
 
-/// `--nats URL` overrides only the `url` of the `[nats]` table; its other keys stay.
-fn nats_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    let mut map = s.serialize_map(Some(1))?;
-    map.serialize_entry("url", url)?;
-    map.end()
+/// Flags for the `[nats]` section: each overrides only its own key, the others keep their file
+/// values.
+#[derive(Args, Serialize)]
+struct NatsOverrides {
+    /// Join a cluster through this NATS server, e.g. nats://127.0.0.1:4222 (nats.url)
+    #[arg(long = "nats", value_name = "URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    /// Keep durable history in NATS JetStream (nats.jetstream; see docs/cluster.md)
+    #[arg(long = "nats-jetstream")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    jetstream: bool,
+}
+
+impl NatsOverrides {
+    fn is_empty(&self) -> bool {
+        self.url.is_none() && !self.jetstream
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -149,18 +149,19 @@ impl<O: Outbox> Engine<O> {
         }
     }
 
-    /// Topics numbered on other nodes that this engine holds, with their epoch and last seq:
-    /// after an outage of the link to the other nodes, what may have been missed.
-    pub fn remote_topics(&self) -> Vec<(String, String, u64)> {
+    /// Topics this engine numbers, with their epoch and last seq: after an outage of the link
+    /// to the other nodes, this node announces them so that others find what never reached
+    /// them ([`Engine::remote_reached`]).
+    pub fn local_positions(&self) -> Vec<(String, String, u64)> {
         self.topics
             .iter()
-            .filter(|(_, t)| t.foreign)
+            .filter(|(_, t)| !t.foreign && t.seq > 0)
             .map(|(name, t)| (name.to_string(), t.epoch.clone(), t.seq))
             .collect()
     }
 
-    /// `topic`'s origin is known to have reached `seq` in `epoch` (a durable store said so after
-    /// an outage). If this engine holds less of that epoch, the messages in between never came:
+    /// `topic`'s origin announced that it reached `seq` in `epoch` (after an outage of the link
+    /// between nodes). If this engine holds less of that epoch, the messages in between never came:
     /// its subscribers are told the exact count now, as they would be by the next message, and
     /// history across the hole is dropped. Returns the count.
     pub fn remote_reached(&mut self, topic_name: &str, epoch: &str, seq: u64) -> u64 {
@@ -173,20 +174,11 @@ impl<O: Outbox> Engine<O> {
         let missed = seq - state.seq;
         state.restart(epoch.to_owned(), seq, true);
         let before = state.remote_at;
-        self.notify_hole(topic_name, Some(missed), before);
+        self.notify_hole(topic_name, missed, before);
         if let Some(state) = self.topics.get_mut(topic_name) {
             state.remote_at = self.publish_count;
         }
         missed
-    }
-
-    /// Tells `topic`'s subscribers that messages from other nodes may have been lost, count
-    /// unknown (`{"op":"dropped","topic":T,"reason":"remote"}`): the link to the other nodes
-    /// was down and no durable store could say what it carried meanwhile.
-    pub fn remote_maybe_missed(&mut self, topic_name: &str) {
-        if let Some(before) = self.topics.get(topic_name).map(|t| t.remote_at) {
-            self.notify_hole(topic_name, None, before);
-        }
     }
 
     /// `pattern` lost its last local subscriber: topics numbered elsewhere that no held pattern
