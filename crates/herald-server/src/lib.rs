@@ -14,6 +14,7 @@
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
+//! - [`jetstream`]: durable history in NATS JetStream (`[nats] jetstream = true`).
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
 //! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!
@@ -26,6 +27,7 @@ pub mod connection;
 pub mod dashboard;
 pub mod http;
 pub mod introspect;
+pub mod jetstream;
 pub mod jwks;
 pub mod limits;
 pub mod listener;

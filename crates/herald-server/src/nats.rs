@@ -15,23 +15,25 @@
 //! outgoing queue is bounded in bytes (`max_pending_bytes`): past it, messages are not carried
 //! (counted), and remote nodes see the hole in the sequence and tell their subscribers.
 
+use crate::jetstream::DurableHistory;
 use crate::node::{now_us, Node};
 use anyhow::{bail, Context};
+use async_nats::connection::State;
 use async_nats::{Client, ConnectOptions, Event, HeaderMap, Message};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use herald_core::engine::Interest;
-use herald_core::subject;
-use herald_core::wire::{PayloadKind, Publish};
+use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Recalled, Unanswered};
+use herald_core::wire::{PayloadKind, Publish, Request, Subscribe};
+use herald_core::{subject, topic};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 const ORIGIN: &str = "Herald-Origin";
@@ -41,6 +43,8 @@ const KIND: &str = "Herald-Kind";
 const CONTENT_TYPE: &str = "Herald-Content-Type";
 const STAMP: &str = "Herald-Stamp";
 const CHUNK: &str = "Herald-Chunk";
+/// `Herald-Kind` of a position announcement (see [`mark`]).
+const MARK: &str = "mark";
 /// Room left in each NATS message for the headers above.
 const HEADER_ROOM: usize = 4096;
 /// How often a node announces itself on `<prefix>.nodes`; nodes unheard for three periods are
@@ -58,6 +62,10 @@ pub struct NatsConfig {
     pub prefix: String,
     /// Bytes of published messages waiting to be handed to NATS before more are not carried.
     pub max_pending_bytes: usize,
+    /// Keep durable history in a JetStream stream (see [`crate::jetstream`]).
+    pub jetstream: bool,
+    /// The stream's total size bound: past it, JetStream drops the oldest messages.
+    pub jetstream_max_bytes: u64,
 }
 
 impl Default for NatsConfig {
@@ -66,6 +74,8 @@ impl Default for NatsConfig {
             url: String::new(),
             prefix: "herald".into(),
             max_pending_bytes: 64 << 20,
+            jetstream: false,
+            jetstream_max_bytes: 1 << 30,
         }
     }
 }
@@ -89,6 +99,9 @@ impl NatsConfig {
         if self.max_pending_bytes == 0 {
             bail!("[nats] max_pending_bytes must be greater than zero");
         }
+        if self.jetstream && self.jetstream_max_bytes == 0 {
+            bail!("[nats] jetstream_max_bytes must be greater than zero");
+        }
         Ok(())
     }
 }
@@ -108,6 +121,9 @@ struct ClusterMetrics {
     pending_bytes: Gauge,
     missed: Counter,
     incomplete: Counter,
+    jetstream_available: Gauge,
+    recalled: Counter,
+    recall_failures: Counter,
 }
 
 impl ClusterMetrics {
@@ -173,6 +189,21 @@ impl ClusterMetrics {
             "Chunked messages discarded because a chunk was missing",
             self.incomplete.clone(),
         );
+        r.register(
+            "jetstream_available",
+            "1 while the durable history stream is usable ([nats] jetstream)",
+            self.jetstream_available.clone(),
+        );
+        r.register(
+            "recalled",
+            "Messages read back from JetStream to answer a since or snapshot",
+            self.recalled.clone(),
+        );
+        r.register(
+            "recall_failures",
+            "Recoveries answered from memory alone because JetStream failed or was unavailable",
+            self.recall_failures.clone(),
+        );
     }
 }
 
@@ -182,6 +213,43 @@ struct Outgoing {
     headers: HeaderMap,
     payload: Bytes,
 }
+
+/// A position announcement: `subject`'s topic reached `seq` in `epoch` on node `origin`. It
+/// carries no message; a node that holds less of that epoch learns the exact hole
+/// ([`Engine::remote_reached`](herald_core::engine::Engine::remote_reached)).
+fn mark(origin: &str, subject: String, epoch: &str, seq: u64) -> Outgoing {
+    let mut headers = HeaderMap::new();
+    headers.insert(ORIGIN, origin);
+    headers.insert(EPOCH, epoch);
+    headers.insert(SEQ, seq.to_string().as_str());
+    headers.insert(KIND, MARK);
+    Outgoing {
+        subject,
+        headers,
+        payload: Bytes::new(),
+    }
+}
+
+/// The NATS subscriptions this node holds, one per locally held pattern, and whether the server
+/// has confirmed each.
+#[derive(Default)]
+struct Follows {
+    map: parking_lot::Mutex<HashMap<String, Follow>>,
+    /// Rings whenever a subscription is confirmed.
+    ready: Notify,
+}
+
+struct Follow {
+    task: JoinHandle<()>,
+    ready: Arc<AtomicBool>,
+}
+
+/// How long a subscription to a new pattern waits for NATS to confirm its subscription before
+/// it is answered anyway (NATS slow: a message published meanwhile may be missed).
+const FOLLOW_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a node (re)joins NATS, how long the others wait before announcing their positions:
+/// its subscriptions are being restored, and several joins are announced once.
+const ANNOUNCE_DELAY: Duration = Duration::from_millis(300);
 
 /// This node's side of the NATS broker: what the engine's callers hand it, it carries.
 pub struct NatsBroker {
@@ -199,18 +267,32 @@ pub struct NatsBroker {
             mpsc::UnboundedReceiver<Interest>,
         )>,
     >,
+    follows: Arc<Follows>,
+    client: OnceLock<Client>,
+    /// `[nats] jetstream`: the durable history stream.
+    history: Option<Arc<DurableHistory>>,
+    /// Per subject, the last position of a topic with a message not carried (past
+    /// `max_pending_bytes`): announced once the queue has drained, so that other nodes learn
+    /// the hole even if the topic goes quiet.
+    uncarried: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
+    /// Rings when the other nodes should hear this node's positions: a node (re)joined NATS.
+    announce: Arc<Notify>,
 }
 
 impl NatsBroker {
-    /// The broker for `config`, its metrics registered in `registry`. Nothing is connected until
+    /// The broker for `config`, its metrics registered in `registry`; `history` sizes the
+    /// JetStream stream when `config.jetstream` is on. Nothing is connected until
     /// [`NatsBroker::start`].
-    pub fn new(config: NatsConfig, registry: &mut Registry) -> NatsBroker {
+    pub fn new(config: NatsConfig, history: &[HistoryRule], registry: &mut Registry) -> NatsBroker {
         let metrics = Arc::new(ClusterMetrics::default());
         metrics.register(registry);
         let (out, out_rx) = mpsc::unbounded_channel();
         let (interest, interest_rx) = mpsc::unbounded_channel();
         NatsBroker {
             topics: format!("{}.t", config.prefix),
+            history: config
+                .jetstream
+                .then(|| Arc::new(DurableHistory::new(&config, history))),
             config,
             node_id: format!("{:016x}", rand::random::<u64>()),
             metrics,
@@ -218,6 +300,10 @@ impl NatsBroker {
             out,
             interest,
             receivers: parking_lot::Mutex::new(Some((out_rx, interest_rx))),
+            follows: Arc::default(),
+            client: OnceLock::new(),
+            uncarried: Arc::default(),
+            announce: Arc::default(),
         }
     }
 
@@ -225,8 +311,12 @@ impl NatsBroker {
     /// `max_pending_bytes` are already waiting. Never blocks.
     pub fn publish(&self, p: &Publish, epoch: &str, seq: u64, now_us: u64) {
         let size = p.payload.len();
+        let subject = subject::to_subject(&self.topics, &p.topic);
         if self.pending.load(Ordering::Relaxed) + size > self.config.max_pending_bytes {
             self.metrics.not_carried.inc();
+            self.uncarried
+                .lock()
+                .insert(subject, (epoch.to_owned(), seq));
             return;
         }
         self.metrics
@@ -246,7 +336,7 @@ impl NatsBroker {
             headers.insert(STAMP, now_us.to_string().as_str());
         }
         let outgoing = Outgoing {
-            subject: subject::to_subject(&self.topics, &p.topic),
+            subject,
             headers,
             payload: p.payload.clone(),
         };
@@ -261,6 +351,119 @@ impl NatsBroker {
         }
     }
 
+    /// Carries out a subscription in a cluster. Its pattern is followed on NATS *before* it is
+    /// answered (bounded by [`FOLLOW_TIMEOUT`]), so that a message published anywhere after the
+    /// `subscribed` reply reaches it. With durable history, what memory cannot answer of its
+    /// `since` and `snapshot` is read from JetStream and joined with what arrived live
+    /// meanwhile ([`Engine::restore`](herald_core::engine::Engine::restore)), then the engine
+    /// answers and attaches it under one lock: no gap, no duplicate. When JetStream fails, the
+    /// answer is memory's, gaps and all (`unknown_topic`, `history_trimmed`).
+    pub async fn subscribe(
+        &self,
+        node: &Node,
+        conn: ConnId,
+        s: Subscribe,
+    ) -> Result<Option<Published>, &'static str> {
+        let pattern = s.topic.clone();
+        let valid = topic::validate_pattern(&pattern).is_ok();
+        let unanswered = if valid {
+            let mut engine = node.engine.lock();
+            engine.hold_interest(&pattern);
+            self.interest(engine.take_interest_changes());
+            match &self.history {
+                Some(_) => engine.unanswered(&s),
+                None => Unanswered::default(),
+            }
+        } else {
+            Unanswered::default()
+        };
+        if valid {
+            self.followed(&pattern).await;
+        }
+        let recalled = match &self.history {
+            Some(history) if !unanswered.is_empty() => {
+                match history
+                    .recall(&pattern, &unanswered, node.config.max_message_bytes)
+                    .await
+                {
+                    Ok(found) => found,
+                    Err(e) => {
+                        tracing::warn!(%pattern, error = %e, "answering from memory alone");
+                        self.metrics.recall_failures.inc();
+                        Vec::new()
+                    }
+                }
+            }
+            _ => Vec::new(),
+        };
+        let mut engine = node.engine.lock();
+        for (topic, epoch, messages) in recalled {
+            self.metrics.recalled.inc_by(messages.len() as u64);
+            engine.restore(&topic, &epoch, messages);
+        }
+        let result = engine.handle(conn, Request::Subscribe(s), now_us());
+        if valid {
+            engine.release_interest(&pattern);
+        }
+        self.interest(engine.take_interest_changes());
+        result
+    }
+
+    /// Waits until NATS has confirmed this node's subscription to `pattern`, at most
+    /// [`FOLLOW_TIMEOUT`]; not at all while NATS is away (the client restores subscriptions
+    /// when it is back).
+    async fn followed(&self, pattern: &str) {
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + FOLLOW_TIMEOUT;
+        loop {
+            if client.connection_state() != State::Connected {
+                return;
+            }
+            let notified = self.follows.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let ready = self
+                .follows
+                .map
+                .lock()
+                .get(pattern)
+                .is_some_and(|f| f.ready.load(Ordering::Acquire));
+            if ready {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(%pattern, "NATS did not confirm the subscription in time");
+                return;
+            }
+        }
+    }
+
+    /// Cluster state for `/api/stats`.
+    pub fn stats(&self) -> serde_json::Value {
+        let m = &self.metrics;
+        serde_json::json!({
+            "node_id": self.node_id,
+            "nats_connected": m.connected.get() == 1,
+            "nats_connects": m.connects.get(),
+            "nodes_seen": m.nodes_seen.get(),
+            "remote_interest": m.remote_interest.get(),
+            "messages_in": m.messages_in.get(),
+            "bytes_in": m.bytes_in.get(),
+            "messages_out": m.messages_out.get(),
+            "bytes_out": m.bytes_out.get(),
+            "pending_bytes": m.pending_bytes.get(),
+            "not_carried": m.not_carried.get(),
+            "missed": m.missed.get(),
+            "incomplete": m.incomplete.get(),
+            "jetstream": self.history.is_some(),
+            "jetstream_available": m.jetstream_available.get() == 1,
+            "recalled": m.recalled.get(),
+            "recall_failures": m.recall_failures.get(),
+        })
+    }
+
     /// Connects (in the background: herald serves its own clients while NATS is away) and
     /// starts the tasks that carry messages both ways. They hold the node weakly and end with it.
     pub async fn start(&self, node: &Arc<Node>) -> anyhow::Result<()> {
@@ -268,6 +471,8 @@ impl NatsBroker {
             bail!("the NATS broker is already started");
         };
         let metrics = self.metrics.clone();
+        let announce = self.announce.clone();
+        let history = self.history.clone();
         let options = ConnectOptions::new()
             .name(format!("herald {}", self.node_id))
             .no_echo()
@@ -277,13 +482,21 @@ impl NatsBroker {
                 Duration::from_millis((100 * attempt as u64).min(2000))
             })
             .event_callback(move |event| {
-                let metrics = metrics.clone();
+                let (metrics, announce, history) =
+                    (metrics.clone(), announce.clone(), history.clone());
                 async move {
                     match event {
                         Event::Connected => {
                             tracing::info!("connected to NATS");
                             metrics.connected.set(1);
                             metrics.connects.inc();
+                            if metrics.connects.get() > 1 {
+                                // What went out just before the outage may be lost.
+                                announce.notify_one();
+                            }
+                            if let Some(history) = history {
+                                history.reconnected.notify_one();
+                            }
                         }
                         Event::Disconnected => {
                             tracing::warn!("disconnected from NATS; reconnecting");
@@ -297,15 +510,20 @@ impl NatsBroker {
             .connect(self.config.url.as_str())
             .await
             .with_context(|| format!("cannot use NATS at {}", self.config.url))?;
+        let _ = self.client.set(client.clone());
         let weak = Arc::downgrade(node);
         tokio::spawn(carry_out(
             client.clone(),
             out_rx,
             self.pending.clone(),
             self.metrics.clone(),
+            Uncarried {
+                origin: self.node_id.clone(),
+                positions: self.uncarried.clone(),
+            },
         ));
         let inbound = Arc::new(Inbound {
-            node: weak,
+            node: weak.clone(),
             topics: self.topics.clone(),
             metrics: self.metrics.clone(),
             partial: parking_lot::Mutex::default(),
@@ -315,12 +533,27 @@ impl NatsBroker {
             interest_rx,
             inbound,
             self.topics.clone(),
+            self.follows.clone(),
         ));
+        tokio::spawn(announce_positions(
+            weak,
+            self.announce.clone(),
+            self.out.clone(),
+            self.node_id.clone(),
+            self.topics.clone(),
+        ));
+        if let Some(history) = &self.history {
+            let metrics = self.metrics.clone();
+            tokio::spawn(history.clone().keep_declared(client.clone(), move |ok| {
+                metrics.jetstream_available.set(i64::from(ok));
+            }));
+        }
         tokio::spawn(heartbeat(
             client,
             self.config.prefix.clone(),
             self.node_id.clone(),
             self.metrics.clone(),
+            self.announce.clone(),
         ));
         Ok(())
     }
@@ -329,6 +562,28 @@ impl NatsBroker {
 /// Bytes handed to the NATS client before a flush must confirm them.
 const FLUSH_EVERY: usize = 1 << 20;
 
+/// The positions of topics with messages that were not carried, announced once the queue has
+/// drained.
+struct Uncarried {
+    origin: String,
+    positions: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
+}
+
+impl Uncarried {
+    async fn announce(&self, client: &Client) {
+        let positions: Vec<_> = self.positions.lock().drain().collect();
+        for (subject, (epoch, seq)) in positions {
+            let m = mark(&self.origin, subject, &epoch, seq);
+            if let Err(e) = client
+                .publish_with_headers(m.subject, m.headers, m.payload)
+                .await
+            {
+                tracing::warn!(error = %e, "could not announce a position to NATS");
+            }
+        }
+    }
+}
+
 /// Hands queued messages to NATS in order, each in chunks that fit the server's `max_payload`.
 ///
 /// The NATS client buffers what it is handed (by count, not bytes) and keeps it while
@@ -336,12 +591,14 @@ const FLUSH_EVERY: usize = 1 << 20;
 /// confirms it left. A flush runs whenever the queue is empty (abandoned if a message comes
 /// first, so it never delays one) and is awaited after every [`FLUSH_EVERY`] bytes. While NATS
 /// is away or stalled, flushes wait, pending bytes reach `max_pending_bytes`, and
-/// [`NatsBroker::publish`] stops queueing: memory stays bounded.
+/// [`NatsBroker::publish`] stops queueing: memory stays bounded. Once the queue has drained,
+/// the positions of topics whose messages were not carried are announced.
 async fn carry_out(
     client: Client,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<ClusterMetrics>,
+    uncarried: Uncarried,
 ) {
     let confirm = |unflushed: &mut usize| {
         let left = pending.fetch_sub(*unflushed, Ordering::Relaxed) - *unflushed;
@@ -378,11 +635,15 @@ async fn carry_out(
         next = match rx.try_recv() {
             Ok(m) => Some(m),
             Err(mpsc::error::TryRecvError::Disconnected) => None,
-            Err(mpsc::error::TryRecvError::Empty) if unflushed == 0 => rx.recv().await,
+            Err(mpsc::error::TryRecvError::Empty) if unflushed == 0 => {
+                uncarried.announce(&client).await;
+                rx.recv().await
+            }
             Err(mpsc::error::TryRecvError::Empty) => tokio::select! {
                 m = rx.recv() => m,
                 () = flush(&client) => {
                     confirm(&mut unflushed);
+                    uncarried.announce(&client).await;
                     rx.recv().await
                 }
             },
@@ -404,13 +665,19 @@ async fn follow_interest(
     mut rx: mpsc::UnboundedReceiver<Interest>,
     inbound: Arc<Inbound>,
     topics: String,
+    follows: Arc<Follows>,
 ) {
-    let mut subscriptions: HashMap<String, JoinHandle<()>> = HashMap::new();
     while let Some(change) = rx.recv().await {
         match change {
             Interest::Added(pattern) => {
                 let subject = subject::to_subject(&topics, &pattern);
-                let (client, inbound) = (client.clone(), inbound.clone());
+                let ready = Arc::new(AtomicBool::new(false));
+                let (client, inbound, confirmed, follows_) = (
+                    client.clone(),
+                    inbound.clone(),
+                    ready.clone(),
+                    follows.clone(),
+                );
                 let task = tokio::spawn(async move {
                     let mut sub = match client.subscribe(subject.clone()).await {
                         Ok(sub) => sub,
@@ -419,22 +686,25 @@ async fn follow_interest(
                             return;
                         }
                     };
-                    // Once the server has the subscription, say so (tests wait on this gauge).
+                    // Once the server has the subscription, say so: subscriptions waiting on
+                    // it are answered, and tests wait on the gauge.
                     let _ = client.flush().await;
+                    confirmed.store(true, Ordering::Release);
+                    follows_.ready.notify_waiters();
                     inbound.metrics.remote_interest.inc();
                     let _counted = InterestGuard(inbound.metrics.clone());
                     while let Some(message) = sub.next().await {
                         inbound.receive(message);
                     }
                 });
-                if let Some(old) = subscriptions.insert(pattern, task) {
-                    old.abort();
+                if let Some(old) = follows.map.lock().insert(pattern, Follow { task, ready }) {
+                    old.task.abort();
                 }
             }
             Interest::Removed(pattern) => {
                 // Aborting drops the subscriber, which unsubscribes on NATS.
-                if let Some(task) = subscriptions.remove(&pattern) {
-                    task.abort();
+                if let Some(old) = follows.map.lock().remove(&pattern) {
+                    old.task.abort();
                 }
             }
         }
@@ -450,6 +720,97 @@ impl Drop for InterestGuard {
     }
 }
 
+/// After a node (re)joined NATS, announces the position of every topic this node numbers, in
+/// order with the messages already queued: a node that missed messages (they were in flight
+/// when NATS went away) learns the exact hole even if the topic stays quiet.
+async fn announce_positions(
+    node: Weak<Node>,
+    announce: Arc<Notify>,
+    out: mpsc::UnboundedSender<Outgoing>,
+    origin: String,
+    topics: String,
+) {
+    loop {
+        announce.notified().await;
+        tokio::time::sleep(ANNOUNCE_DELAY).await;
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        let positions = {
+            let engine = node.engine.lock();
+            let positions = engine.local_positions();
+            // Under the engine lock: nothing this node publishes can slip between.
+            for (topic, epoch, seq) in &positions {
+                let _ = out.send(mark(
+                    &origin,
+                    subject::to_subject(&topics, topic),
+                    epoch,
+                    *seq,
+                ));
+            }
+            positions.len()
+        };
+        tracing::debug!(topics = positions, "announced positions to the other nodes");
+    }
+}
+
+/// The herald headers of a message carried between nodes (or stored in JetStream).
+pub(crate) struct Carried {
+    pub origin: String,
+    pub epoch: String,
+    pub seq: u64,
+    /// `Herald-Chunk: i/n` of a message sent in parts.
+    pub chunk: Option<String>,
+    /// A position announcement, not a message.
+    pub mark: bool,
+    kind: PayloadKind,
+    content_type: Option<String>,
+    /// The publisher's `stamp` time (µs).
+    stamp: Option<u64>,
+}
+
+impl Carried {
+    /// `None` for a message without herald's headers (not one of ours).
+    pub fn from_headers(headers: Option<&HeaderMap>) -> Option<Carried> {
+        let headers = headers?;
+        let header = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
+        let kind = header(KIND);
+        Some(Carried {
+            origin: header(ORIGIN)?,
+            epoch: header(EPOCH)?,
+            seq: header(SEQ)?.parse().ok()?,
+            chunk: header(CHUNK),
+            mark: kind.as_deref() == Some(MARK),
+            kind: match kind.as_deref() {
+                Some("text") => PayloadKind::Text,
+                _ => PayloadKind::Binary,
+            },
+            content_type: header(CONTENT_TYPE),
+            stamp: header(STAMP).and_then(|s| s.parse().ok()),
+        })
+    }
+
+    fn publish(&self, topic: String, payload: Bytes) -> Publish {
+        Publish {
+            id: None,
+            topic,
+            payload,
+            kind: self.kind,
+            content_type: self.content_type.clone(),
+            stamp: self.stamp.is_some(),
+        }
+    }
+
+    /// The message as read back from a store that received it at `stored_us`.
+    pub fn recalled(&self, topic: String, payload: Bytes, stored_us: u64) -> Recalled {
+        Recalled {
+            publish: self.publish(topic, payload),
+            seq: self.seq,
+            at_us: self.stamp.unwrap_or(stored_us),
+        }
+    }
+}
+
 /// A chunked message being put back together.
 struct Partial {
     seq: u64,
@@ -457,13 +818,63 @@ struct Partial {
     buf: BytesMut,
 }
 
+/// Puts chunked messages back together, per (origin, subject): chunks of one message arrive in
+/// order on one subject.
+#[derive(Default)]
+pub(crate) struct Reassembly {
+    partial: HashMap<(String, String), Partial>,
+}
+
+impl Reassembly {
+    /// Adds chunk `i/n` (the `Herald-Chunk` header) of message `seq`; returns the message once
+    /// whole, and whether an incomplete one was discarded. A chunk out of order means one was
+    /// lost: the partial message is discarded.
+    pub fn add(
+        &mut self,
+        origin: &str,
+        subject: &str,
+        seq: u64,
+        chunk: &str,
+        part: &Bytes,
+        limit: usize,
+    ) -> (Option<Bytes>, bool) {
+        let Some((i, n)) = chunk.split_once('/') else {
+            return (None, false);
+        };
+        let (Ok(i), Ok(n)) = (i.parse::<usize>(), n.parse::<usize>()) else {
+            return (None, false);
+        };
+        let partials = &mut self.partial;
+        let key = (origin.to_owned(), subject.to_owned());
+        let current = partials.get_mut(&key).filter(|p| p.seq == seq);
+        let mut discarded = false;
+        match current {
+            Some(p) if i < p.next => return (None, false), // a duplicate (overlapping subscriptions)
+            Some(p) if i == p.next && p.buf.len() + part.len() <= limit => {
+                p.buf.extend_from_slice(part);
+                p.next += 1;
+            }
+            _ if i == 0 => {
+                discarded = partials.remove(&key).is_some();
+                let mut buf = BytesMut::with_capacity(part.len() * n);
+                buf.extend_from_slice(part);
+                partials.insert(key.clone(), Partial { seq, next: 1, buf });
+            }
+            _ => return (None, partials.remove(&key).is_some()),
+        }
+        if partials.get(&key).is_some_and(|p| p.next == n) {
+            return (partials.remove(&key).map(|p| p.buf.freeze()), discarded);
+        }
+        (None, discarded)
+    }
+}
+
 /// Receives other nodes' messages: reassembles chunks, hands whole messages to the engine.
 struct Inbound {
     node: Weak<Node>,
     topics: String,
     metrics: Arc<ClusterMetrics>,
-    /// Per (origin, subject): chunks of one message arrive in order on one subject.
-    partial: parking_lot::Mutex<HashMap<(String, String), Partial>>,
+    partial: parking_lot::Mutex<Reassembly>,
 }
 
 impl Inbound {
@@ -471,32 +882,36 @@ impl Inbound {
         let Some(node) = self.node.upgrade() else {
             return;
         };
-        let Some(headers) = message.headers.as_ref() else {
-            return;
-        };
-        let header = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
-        let (Some(origin), Some(epoch), Some(seq)) = (
-            header(ORIGIN),
-            header(EPOCH),
-            header(SEQ).and_then(|s| s.parse::<u64>().ok()),
-        ) else {
+        let Some(carried) = Carried::from_headers(message.headers.as_ref()) else {
             tracing::debug!(subject = %message.subject, "ignoring a NATS message without herald headers");
             return;
         };
         let Some(topic) = subject::to_topic(&self.topics, &message.subject) else {
             return;
         };
-        let payload = match header(CHUNK) {
+        if carried.mark {
+            let missed = node
+                .engine
+                .lock()
+                .remote_reached(&topic, &carried.epoch, carried.seq);
+            self.metrics.missed.inc_by(missed);
+            return;
+        }
+        let payload = match &carried.chunk {
             None => message.payload,
             Some(chunk) => {
-                let Some(whole) = self.reassemble(
-                    &origin,
+                let (whole, discarded) = self.partial.lock().add(
+                    &carried.origin,
                     &message.subject,
-                    seq,
-                    &chunk,
+                    carried.seq,
+                    chunk,
                     &message.payload,
                     node.config.max_message_bytes,
-                ) else {
+                );
+                if discarded {
+                    self.metrics.incomplete.inc();
+                }
+                let Some(whole) = whole else {
                     return;
                 };
                 whole
@@ -504,69 +919,24 @@ impl Inbound {
         };
         self.metrics.messages_in.inc();
         self.metrics.bytes_in.inc_by(payload.len() as u64);
-        let stamp = header(STAMP).and_then(|s| s.parse::<u64>().ok());
-        let p = Publish {
-            id: None,
-            topic,
-            payload,
-            kind: match header(KIND).as_deref() {
-                Some("text") => PayloadKind::Text,
-                _ => PayloadKind::Binary,
-            },
-            content_type: header(CONTENT_TYPE),
-            stamp: stamp.is_some(),
-        };
-        if let Some(missed) = node.publish_remote(&p, &epoch, seq, stamp.unwrap_or_else(now_us)) {
+        let p = carried.publish(topic, payload);
+        let at = carried.stamp.unwrap_or_else(now_us);
+        if let Some(missed) = node.publish_remote(&p, &carried.epoch, carried.seq, at) {
             self.metrics.missed.inc_by(missed);
         }
     }
-
-    /// Adds chunk `i/n` (the `Herald-Chunk` header) and returns the message once whole. A chunk
-    /// out of order means one was lost: the partial message is discarded and counted.
-    fn reassemble(
-        &self,
-        origin: &str,
-        subject: &str,
-        seq: u64,
-        chunk: &str,
-        part: &Bytes,
-        limit: usize,
-    ) -> Option<Bytes> {
-        let (i, n) = chunk.split_once('/')?;
-        let (i, n): (usize, usize) = (i.parse().ok()?, n.parse().ok()?);
-        let mut partials = self.partial.lock();
-        let key = (origin.to_owned(), subject.to_owned());
-        let current = partials.get_mut(&key).filter(|p| p.seq == seq);
-        match current {
-            Some(p) if i < p.next => return None, // a duplicate (overlapping subscriptions)
-            Some(p) if i == p.next && p.buf.len() + part.len() <= limit => {
-                p.buf.extend_from_slice(part);
-                p.next += 1;
-            }
-            _ if i == 0 => {
-                if partials.remove(&key).is_some() {
-                    self.metrics.incomplete.inc();
-                }
-                let mut buf = BytesMut::with_capacity(part.len() * n);
-                buf.extend_from_slice(part);
-                partials.insert(key.clone(), Partial { seq, next: 1, buf });
-            }
-            _ => {
-                if partials.remove(&key).is_some() {
-                    self.metrics.incomplete.inc();
-                }
-                return None;
-            }
-        }
-        if partials.get(&key).is_some_and(|p| p.next == n) {
-            return partials.remove(&key).map(|p| p.buf.freeze());
-        }
-        None
-    }
 }
 
-/// Announces this node every [`HEARTBEAT`] and counts the nodes heard recently.
-async fn heartbeat(client: Client, prefix: String, node_id: String, metrics: Arc<ClusterMetrics>) {
+/// Announces this node every [`HEARTBEAT`] (its id and how many times it connected) and counts
+/// the nodes heard recently. A node heard for the first time, or after it reconnected, rings
+/// `announce`: it may have missed this node's messages.
+async fn heartbeat(
+    client: Client,
+    prefix: String,
+    node_id: String,
+    metrics: Arc<ClusterMetrics>,
+    announce: Arc<Notify>,
+) {
     let subject = format!("{prefix}.nodes");
     let mut sub = loop {
         match client.subscribe(subject.clone()).await {
@@ -574,17 +944,23 @@ async fn heartbeat(client: Client, prefix: String, node_id: String, metrics: Arc
             Err(_) => tokio::time::sleep(HEARTBEAT).await,
         }
     };
-    let mut seen: HashMap<Bytes, Instant> = HashMap::new();
+    let mut seen: HashMap<String, (String, Instant)> = HashMap::new();
     let mut tick = tokio::time::interval(HEARTBEAT);
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let _ = client.publish(subject.clone(), Bytes::from(node_id.clone())).await;
-                seen.retain(|_, at| at.elapsed() < HEARTBEAT * 3);
+                let me = format!("{node_id} {}", metrics.connects.get());
+                let _ = client.publish(subject.clone(), Bytes::from(me)).await;
+                seen.retain(|_, (_, at)| at.elapsed() < HEARTBEAT * 3);
                 metrics.nodes_seen.set(seen.len() as i64 + 1);
             }
             Some(message) = sub.next() => {
-                seen.insert(message.payload, Instant::now());
+                let text = String::from_utf8_lossy(&message.payload);
+                let (id, connects) = text.split_once(' ').unwrap_or((&text, ""));
+                let before = seen.insert(id.to_owned(), (connects.to_owned(), Instant::now()));
+                if !before.is_some_and(|(c, _)| c == connects) {
+                    announce.notify_one();
+                }
             }
         }
     }
