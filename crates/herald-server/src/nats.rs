@@ -212,6 +212,8 @@ struct Outgoing {
     subject: String,
     headers: HeaderMap,
     payload: Bytes,
+    /// A position announcement ([`mark`]), not counted as a message.
+    mark: bool,
 }
 
 /// A position announcement: `subject`'s topic reached `seq` in `epoch` on node `origin`. It
@@ -227,6 +229,7 @@ fn mark(origin: &str, subject: String, epoch: &str, seq: u64) -> Outgoing {
         subject,
         headers,
         payload: Bytes::new(),
+        mark: true,
     }
 }
 
@@ -339,6 +342,7 @@ impl NatsBroker {
             subject,
             headers,
             payload: p.payload.clone(),
+            mark: false,
         };
         // The receiver lives as long as the process once started; before that, messages wait.
         let _ = self.out.send(outgoing);
@@ -534,6 +538,7 @@ impl NatsBroker {
             inbound,
             self.topics.clone(),
             self.follows.clone(),
+            format!("{}.ping", self.config.prefix),
         ));
         tokio::spawn(announce_positions(
             weak,
@@ -587,8 +592,8 @@ impl Uncarried {
 /// Hands queued messages to NATS in order, each in chunks that fit the server's `max_payload`.
 ///
 /// The NATS client buffers what it is handed (by count, not bytes) and keeps it while
-/// disconnected, so a message counts as pending until a flush — a round trip to the server —
-/// confirms it left. A flush runs whenever the queue is empty (abandoned if a message comes
+/// disconnected, so a message counts as pending until a flush confirms it left (written to the
+/// socket, which blocks while the server does not read). A flush runs whenever the queue is empty (abandoned if a message comes
 /// first, so it never delays one) and is awaited after every [`FLUSH_EVERY`] bytes. While NATS
 /// is away or stalled, flushes wait, pending bytes reach `max_pending_bytes`, and
 /// [`NatsBroker::publish`] stops queueing: memory stays bounded. Once the queue has drained,
@@ -625,8 +630,10 @@ async fn carry_out(
                 tracing::warn!(error = %e, "could not hand a message to NATS");
             }
         }
-        metrics.messages_out.inc();
-        metrics.bytes_out.inc_by(size as u64);
+        if !m.mark {
+            metrics.messages_out.inc();
+            metrics.bytes_out.inc_by(size as u64);
+        }
         unflushed += size;
         if unflushed >= FLUSH_EVERY {
             flush(&client).await;
@@ -659,6 +666,20 @@ async fn flush(client: &Client) {
     }
 }
 
+/// Returns once the NATS server has processed everything this client sent before: a request
+/// to `subject`, on which nobody listens, is answered by the server itself ("no responders")
+/// after it handled the commands ahead of it. (The client's `flush` only writes its buffer to
+/// the socket.) Bounded by [`FOLLOW_TIMEOUT`].
+async fn round_trip(client: &Client, subject: &str) {
+    let request = client.request(subject.to_owned(), Bytes::new());
+    match tokio::time::timeout(FOLLOW_TIMEOUT, request).await {
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {}
+        Ok(Ok(_)) => tracing::warn!(%subject, "something answers herald's round-trip subject"),
+        Ok(Err(e)) => tracing::debug!(%subject, error = %e, "NATS round trip failed"),
+        Err(_) => tracing::debug!(%subject, "NATS round trip timed out"),
+    }
+}
+
 /// Keeps one NATS subscription per pattern local clients hold.
 async fn follow_interest(
     client: Client,
@@ -666,17 +687,19 @@ async fn follow_interest(
     inbound: Arc<Inbound>,
     topics: String,
     follows: Arc<Follows>,
+    ping: String,
 ) {
     while let Some(change) = rx.recv().await {
         match change {
             Interest::Added(pattern) => {
                 let subject = subject::to_subject(&topics, &pattern);
                 let ready = Arc::new(AtomicBool::new(false));
-                let (client, inbound, confirmed, follows_) = (
+                let (client, inbound, confirmed, follows_, ping) = (
                     client.clone(),
                     inbound.clone(),
                     ready.clone(),
                     follows.clone(),
+                    ping.clone(),
                 );
                 let task = tokio::spawn(async move {
                     let mut sub = match client.subscribe(subject.clone()).await {
@@ -688,7 +711,8 @@ async fn follow_interest(
                     };
                     // Once the server has the subscription, say so: subscriptions waiting on
                     // it are answered, and tests wait on the gauge.
-                    let _ = client.flush().await;
+                    round_trip(&client, &ping).await;
+                    tracing::debug!(%subject, "NATS has the subscription");
                     confirmed.store(true, Ordering::Release);
                     follows_.ready.notify_waiters();
                     inbound.metrics.remote_interest.inc();
@@ -700,6 +724,8 @@ async fn follow_interest(
                 if let Some(old) = follows.map.lock().insert(pattern, Follow { task, ready }) {
                     old.task.abort();
                 }
+                // The task may have confirmed before it was in the map.
+                follows.ready.notify_waiters();
             }
             Interest::Removed(pattern) => {
                 // Aborting drops the subscriber, which unsubscribes on NATS.
@@ -958,7 +984,11 @@ async fn heartbeat(
                 let text = String::from_utf8_lossy(&message.payload);
                 let (id, connects) = text.split_once(' ').unwrap_or((&text, ""));
                 let before = seen.insert(id.to_owned(), (connects.to_owned(), Instant::now()));
-                if !before.is_some_and(|(c, _)| c == connects) {
+                let rejoined = match before {
+                    Some((c, _)) => c != connects,
+                    None => true,
+                };
+                if rejoined {
                     announce.notify_one();
                 }
             }

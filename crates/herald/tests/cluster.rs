@@ -56,31 +56,34 @@ struct Nats {
     child: Child,
     port: u16,
     dir: PathBuf,
+    jetstream: bool,
 }
 
 impl Nats {
     fn start() -> Nats {
+        Nats::start_with(true)
+    }
+
+    /// A `nats-server` with (`-js`) or without JetStream.
+    fn start_with(jetstream: bool) -> Nats {
         let dir = std::env::temp_dir().join(format!("herald-nats-{}", free_port()));
         let mut nats = Nats {
             child: Command::new("true").spawn().unwrap(),
             port: free_port(),
             dir,
+            jetstream,
         };
         nats.restart();
         nats
     }
 
     fn restart(&mut self) {
-        self.child = Command::new(nats_server())
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.dir)
+        let mut command = Command::new(nats_server());
+        command.args(["-a", "127.0.0.1", "-p", &self.port.to_string()]);
+        if self.jetstream {
+            command.arg("-js").arg("-sd").arg(&self.dir);
+        }
+        self.child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -223,9 +226,10 @@ fn finish(mut sub: Sub, secs: u64) -> (Vec<Value>, String) {
     let _ = sub.child.kill();
     let _ = sub.child.wait();
     let lines = sub.out.join().unwrap();
+    // Killed while writing, `herald sub` may leave a last line cut short.
     let lines = lines
         .iter()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     (lines, sub.err.join().unwrap())
 }
@@ -287,6 +291,17 @@ fn nodes_route_by_interest_and_carry_multi_mib_binaries_whole() {
     assert!(a.metric("herald_cluster_messages_in_total") == 0);
     assert!(b.metric("herald_cluster_messages_in_total") == 2);
     assert!(a.metric("herald_cluster_messages_out_total") == 2);
+    // The same cluster state in /api/stats, for the dashboard.
+    let stats = a.http(b"GET /api/stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let stats: Value = serde_json::from_str(stats.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let cluster = &stats["cluster"];
+    assert_eq!(cluster["nats_connected"], true, "{stats}");
+    assert_eq!(cluster["nodes_seen"], 2);
+    assert!(cluster["remote_interest"].is_i64());
+    assert_eq!(cluster["messages_out"], 2);
+    assert_eq!(cluster["messages_in"], 0);
+    assert_eq!(cluster["bytes_out"], image.len() + 1);
+    assert_eq!(cluster["jetstream"], false);
 
     // No local subscriber left: no NATS subscription either, and nothing travels to B.
     wait_for("B to unsubscribe on NATS", 10, || {
@@ -297,28 +312,59 @@ fn nodes_route_by_interest_and_carry_multi_mib_binaries_whole() {
     assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
 }
 
+/// Two nodes; A with a 64-byte outgoing buffer, so that what it publishes while NATS is away is
+/// not carried. `topic` has subscribers on B (and on A when `on_a` says how many messages it
+/// waits for); one message from A reached B; then NATS is stopped and A has noticed.
+struct Outage {
+    nats: Nats,
+    a: Node,
+    b: Node,
+    on_a: Option<Sub>,
+    on_b: Sub,
+}
+
+impl Outage {
+    fn start(topic: &str, on_b: usize, on_a: Option<usize>) -> Outage {
+        let nats = Nats::start();
+        let config = std::env::temp_dir().join(format!("herald-small-{}.toml", free_port()));
+        std::fs::write(&config, "[nats]\nmax_pending_bytes = 64\n").unwrap();
+        let a = Node::start(&nats, &["--config", config.to_str().unwrap()]);
+        let _ = std::fs::remove_file(config);
+        let b = Node::start(&nats, &[]);
+        let on_a = on_a.map(|n| a.sub(topic, n));
+        let on_b = b.sub(topic, on_b);
+        wait_for("B to subscribe on NATS", 10, || {
+            b.metric("herald_cluster_remote_interest") == 1
+        });
+        a.publish(topic, b"before");
+        wait_for("B to receive", 10, || {
+            b.metric("herald_cluster_messages_in_total") == 1
+        });
+        let mut outage = Outage {
+            nats,
+            a,
+            b,
+            on_a,
+            on_b,
+        };
+        outage.nats.stop();
+        wait_for("A to notice", 10, || {
+            outage.a.metric("herald_cluster_nats_connected") == 0
+        });
+        outage
+    }
+}
+
 #[test]
 fn a_nats_restart_never_stops_local_delivery_and_remote_subscribers_learn_the_gap() {
-    let mut nats = Nats::start();
-    // A tiny outgoing buffer, so that what A publishes while NATS is away is not carried.
-    let config = std::env::temp_dir().join(format!("herald-small-{}.toml", free_port()));
-    std::fs::write(&config, "[nats]\nmax_pending_bytes = 64\n").unwrap();
-    let a = Node::start(&nats, &["--config", config.to_str().unwrap()]);
-    let b = Node::start(&nats, &[]);
-    let on_a = a.sub("t", 22);
-    let on_b = b.sub("t", 22);
-    wait_for("B to subscribe on NATS", 10, || {
-        b.metric("herald_cluster_remote_interest") == 1
-    });
-    a.publish("t", b"before");
-    wait_for("B to receive", 10, || {
-        b.metric("herald_cluster_messages_in_total") == 1
-    });
-
-    nats.stop();
-    wait_for("A to notice", 10, || {
-        a.metric("herald_cluster_nats_connected") == 0
-    });
+    let Outage {
+        mut nats,
+        a,
+        b,
+        on_a,
+        on_b,
+    } = Outage::start("t", 22, Some(22));
+    let on_a = on_a.unwrap();
     for i in 0..20 {
         a.publish("t", format!("during {i}").as_bytes());
     }
@@ -350,7 +396,6 @@ fn a_nats_restart_never_stops_local_delivery_and_remote_subscribers_learn_the_ga
         "B's subscriber is told how many it missed: {err}"
     );
     assert_eq!(b.metric("herald_cluster_missed_total"), missed as i64);
-    let _ = std::fs::remove_file(config);
 }
 
 #[test]
@@ -385,6 +430,73 @@ fn a_stalled_nats_keeps_memory_bounded() {
     let _ = std::fs::remove_file(config);
 }
 
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Connects to `node` and sends `request`.
+async fn ws_request(node: &Node, request: Value) -> Ws {
+    let (mut ws, _) = tokio_tungstenite::connect_async(node.url()).await.unwrap();
+    ws.send(Message::text(request.to_string())).await.unwrap();
+    ws
+}
+
+/// The next `n` JSON objects from the server, each within 10 s. A binary message is its header
+/// with its payload's length as `"bytes"`, its hash as `"payload_hash"`, and the payload itself
+/// as `"data"` when it is UTF-8 (the HTTP publishes here are binary).
+async fn next_json(ws: &mut Ws, n: usize) -> Vec<Value> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no reply in time after {got:?}"))
+            .unwrap()
+            .unwrap();
+        let v = match m {
+            Message::Text(t) => serde_json::from_str::<Value>(&t).unwrap(),
+            Message::Binary(b) => {
+                let (head, at) = herald_core::wire::split_binary(&b).unwrap();
+                let mut v: Value = serde_json::from_str(head).unwrap();
+                let payload = &b[at..];
+                v["bytes"] = json!(payload.len());
+                v["payload_hash"] = json!(hash(payload));
+                if let Ok(text) = std::str::from_utf8(payload) {
+                    v["data"] = json!(text);
+                }
+                v
+            }
+            _ => continue,
+        };
+        got.push(v);
+    }
+    got
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+/// Nothing more arrives within `ms`.
+async fn silent(ws: &mut Ws, ms: u64) {
+    if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(ms), ws.next()).await {
+        panic!("unexpected {m:?}");
+    }
+}
+
+/// Subscribes to `feed/>` on `node` with `since` = (`seq`, `epoch`) for `feed/x`; returns the
+/// connection, and the reply (checked: recovered) followed by `n` messages.
+async fn resume_feed(node: &Node, seq: u64, epoch: &str, n: usize) -> (Ws, Vec<Value>) {
+    let since = json!({"op":"sub","id":1,"topic":"feed/>",
+        "since":{"feed/x":{"seq":seq,"epoch":epoch}}});
+    let mut ws = ws_request(node, since).await;
+    let got = next_json(&mut ws, 1 + n).await;
+    assert_eq!(got[0]["op"], "subscribed");
+    assert_eq!(got[0]["recovered"], true, "{got:?}");
+    (ws, got)
+}
+
 /// A client of a node that dies reconnects to another node and resumes with `since`: the
 /// topic's numbers are the publishing node's everywhere.
 #[tokio::test]
@@ -406,30 +518,207 @@ async fn a_client_of_a_killed_node_recovers_on_another() {
     a.publish("feed/x", b"3");
     a.publish("feed/x", b"4");
 
-    let (mut ws, _) = tokio_tungstenite::connect_async(a.url()).await.unwrap();
-    let since = json!({"op":"sub","id":1,"topic":"feed/>",
-        "since":{"feed/x":{"seq":2,"epoch":epoch}}});
-    ws.send(Message::text(since.to_string())).await.unwrap();
-    let mut got = Vec::new();
-    while got.len() < 3 {
-        let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
-            .await
-            .expect("reply in time")
-            .unwrap()
-            .unwrap();
-        let text = match m {
-            Message::Text(t) => t.to_string(),
-            Message::Binary(b) => {
-                let (head, _) = herald_core::wire::split_binary(&b).unwrap();
-                head.to_owned()
-            }
-            _ => continue,
-        };
-        got.push(serde_json::from_str::<Value>(&text).unwrap());
-    }
-    assert_eq!(got[0]["op"], "subscribed");
-    assert_eq!(got[0]["recovered"], true, "{got:?}");
+    let (_ws, got) = resume_feed(&a, 2, &epoch, 2).await;
     assert_eq!(got[1]["seq"], 3);
     assert_eq!(got[2]["seq"], 4);
     assert_eq!(got[2]["epoch"], epoch.as_str());
+}
+
+/// `herald serve --nats … --nats-jetstream`, once the stream is declared.
+fn jetstream_node(nats: &Nats) -> Node {
+    let node = Node::start(nats, &["--nats-jetstream"]);
+    wait_for("the JetStream stream", 10, || {
+        node.metric("herald_cluster_jetstream_available") == 1
+    });
+    node
+}
+
+/// What a node published has been handed to NATS (and so captured by the stream).
+fn carried(node: &Node, messages: i64) {
+    wait_for("messages to reach NATS", 10, || {
+        node.metric("herald_cluster_messages_out_total") == messages
+            && node.metric("herald_cluster_pending_bytes") == 0
+    });
+    // JetStream stores what NATS received asynchronously; a moment is plenty.
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Publishes `m<i>` on `topic` for each `i` (the node's only publications: `i` is also how
+/// many it has handed to NATS at the end), and waits until they reached NATS.
+fn publish_run(node: &Node, topic: &str, run: std::ops::RangeInclusive<i64>) {
+    let last = *run.end();
+    for i in run {
+        node.publish(topic, format!("m{i}").as_bytes());
+    }
+    carried(node, last);
+}
+
+/// A client moves from node A to node B, which never followed the topic: B reads what it
+/// missed from JetStream, under A's numbers, then attaches it live without gap or duplicate.
+#[tokio::test]
+async fn a_client_moving_to_a_node_that_never_followed_the_topic_recovers_from_jetstream() {
+    let nats = Nats::start();
+    let (a, b) = (jetstream_node(&nats), jetstream_node(&nats));
+    let on_a = a.sub("feed/x", 3);
+    wait_for("A's subscriber", 10, || {
+        a.metric("herald_subscriptions") == 1
+    });
+    publish_run(&a, "feed/x", 1..=3);
+    let (seen, _) = finish(on_a, 10);
+    assert_eq!(seen.len(), 3);
+    let epoch = seen[2]["epoch"].as_str().unwrap().to_owned();
+    // Gone; meanwhile three more.
+    publish_run(&a, "feed/x", 4..=6);
+
+    let (mut ws, got) = resume_feed(&b, 3, &epoch, 3).await;
+    assert_eq!(got[0]["replayed"], 3);
+    let replayed: Vec<_> = got[1..]
+        .iter()
+        .map(|m| {
+            (
+                m["seq"].as_u64().unwrap(),
+                m["epoch"].as_str().unwrap(),
+                m["data"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        replayed,
+        [
+            (4, epoch.as_str(), "m4"),
+            (5, epoch.as_str(), "m5"),
+            (6, epoch.as_str(), "m6")
+        ]
+    );
+    assert!(b.metric("herald_cluster_recalled_total") >= 3);
+    // Then live, straight after: the next one, once.
+    a.publish("feed/x", b"m7");
+    let live = next_json(&mut ws, 1).await;
+    assert_eq!(
+        (live[0]["seq"].as_u64(), live[0]["data"].as_str()),
+        (Some(7), Some("m7"))
+    );
+    silent(&mut ws, 300).await;
+
+    // A position older than what JetStream keeps is reported, not skipped: the history rule
+    // keeps 32 messages.
+    publish_run(&a, "feed/x", 8..=40);
+    let old = json!({"op":"sub","id":2,"topic":"feed/x",
+        "since":{"feed/x":{"seq":1,"epoch":epoch}}});
+    let mut ws2 = ws_request(&b, old).await;
+    let got = next_json(&mut ws2, 1).await;
+    assert_eq!(got[0]["recovered"], false, "{got:?}");
+    assert_eq!(got[0]["gaps"][0]["reason"], "history_trimmed");
+}
+
+/// The last values of topics a node never followed come from JetStream, whole even when a
+/// value travelled in chunks.
+#[tokio::test]
+async fn a_snapshot_on_a_node_that_never_followed_the_topics_comes_from_jetstream() {
+    let nats = Nats::start();
+    let (a, b) = (jetstream_node(&nats), jetstream_node(&nats));
+    a.publish("cfg/a", b"old");
+    a.publish("cfg/a", b"new");
+    let image = noise(5 << 19, 11); // 2.5 MiB: three chunks
+    a.publish("cfg/img", &image);
+    a.publish("other/x", b"not matched");
+    carried(&a, 4);
+
+    let mut ws = ws_request(
+        &b,
+        json!({"op":"sub","id":1,"topic":"cfg/>","snapshot":true}),
+    )
+    .await;
+    let got = next_json(&mut ws, 3).await;
+    assert_eq!(got[0]["op"], "subscribed", "{got:?}");
+    assert_eq!(
+        (got[1]["topic"].as_str(), got[1]["data"].as_str()),
+        (Some("cfg/a"), Some("new"))
+    );
+    assert_eq!(got[1]["seq"], 2);
+    assert_eq!(got[2]["topic"], "cfg/img");
+    assert_eq!(got[2]["bytes"], image.len());
+    assert_eq!(got[2]["payload_hash"], hash(&image));
+    silent(&mut ws, 300).await;
+
+    // One exact topic, on a fresh connection.
+    let mut ws = ws_request(
+        &b,
+        json!({"op":"sub","id":2,"topic":"other/x","snapshot":true}),
+    )
+    .await;
+    let got = next_json(&mut ws, 2).await;
+    assert_eq!(got[1]["data"], "not matched");
+}
+
+/// With JetStream configured but not there, a recovery says plainly what it cannot do, at once.
+#[tokio::test]
+async fn without_jetstream_a_recovery_fails_explicitly_and_at_once() {
+    let nats = Nats::start_with(false);
+    let (a, b) = (
+        Node::start(&nats, &["--nats-jetstream"]),
+        Node::start(&nats, &["--nats-jetstream"]),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.metric("herald_cluster_jetstream_available"), 0);
+    a.publish("t", b"1");
+    let started = Instant::now();
+    let since = json!({"op":"sub","id":1,"topic":"t","since":{"t":{"seq":0,"epoch":"x"}}});
+    let mut ws = ws_request(&b, since).await;
+    let got = next_json(&mut ws, 1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(got[0]["recovered"], false);
+    assert_eq!(got[0]["gaps"][0]["reason"], "unknown_topic");
+    assert_eq!(b.metric("herald_cluster_recall_failures_total"), 1);
+    // Live delivery is unaffected.
+    a.publish("t", b"2");
+    let live = next_json(&mut ws, 1).await;
+    assert_eq!(live[0]["data"], "2");
+}
+
+/// The `subscribed` reply comes once NATS has this node's subscription: a message published on
+/// another node right after the reply reaches the new subscriber, every time.
+#[tokio::test]
+async fn a_message_published_right_after_the_reply_reaches_a_new_pattern() {
+    let nats = Nats::start();
+    let (a, b) = (Node::start(&nats, &[]), Node::start(&nats, &[]));
+    for round in 0..60 {
+        let topic = format!("race/{round}");
+        let mut ws = ws_request(&b, json!({"op":"sub","id":1,"topic":topic})).await;
+        assert_eq!(next_json(&mut ws, 1).await[0]["op"], "subscribed");
+        a.publish(&topic, b"x");
+        let got = next_json(&mut ws, 1).await;
+        assert_eq!(got[0]["topic"], topic.as_str(), "round {round}");
+    }
+}
+
+/// After NATS comes back, a topic that stays quiet still tells its remote subscribers exactly
+/// what they missed: the origin announces its position.
+#[test]
+fn a_quiet_topic_reports_the_gap_after_a_nats_restart() {
+    let Outage {
+        mut nats,
+        a,
+        b,
+        on_b,
+        ..
+    } = Outage::start("quiet", 1_000, None);
+    for _ in 0..3 {
+        a.publish("quiet", &[b'x'; 100]); // each over max_pending_bytes: not carried
+    }
+    nats.restart();
+    // Nothing more is published.
+    wait_for("B to learn the hole", 15, || {
+        b.metric("herald_cluster_missed_total") == 3
+    });
+    let (got, err) = finish(on_b, 1);
+    assert_eq!(got.len(), 1);
+    assert!(
+        err.contains("dropped 3 message(s) on \"quiet\""),
+        "B's subscriber is told: {err}"
+    );
 }
