@@ -384,27 +384,45 @@ impl NatsBroker {
         if valid {
             self.followed(&pattern).await;
         }
-        let recalled = match &self.history {
-            Some(history) if !unanswered.is_empty() => {
-                match history
-                    .recall(&pattern, &unanswered, node.config.max_message_bytes)
-                    .await
-                {
-                    Ok(found) => found,
-                    Err(e) => {
-                        tracing::warn!(%pattern, error = %e, "answering from memory alone");
-                        self.metrics.recall_failures.inc();
-                        Vec::new()
+        // A message NATS carried just before this node's subscription may not be stored yet
+        // when the stream is read, and then neither source has it: one more read closes that.
+        let mut unanswered = unanswered;
+        let mut reads = 0;
+        let mut engine = loop {
+            let recalled = match &self.history {
+                Some(history) if !unanswered.is_empty() => {
+                    reads += 1;
+                    history
+                        .recall(&pattern, &unanswered, node.config.max_message_bytes)
+                        .await
+                }
+                _ => Ok(Vec::new()),
+            };
+            let mut engine = node.engine.lock();
+            match recalled {
+                Ok(found) => {
+                    for (topic, epoch, messages) in found {
+                        self.metrics.recalled.inc_by(messages.len() as u64);
+                        engine.restore(&topic, &epoch, messages);
                     }
                 }
+                Err(e) => {
+                    tracing::warn!(%pattern, error = %e, "answering from memory alone");
+                    self.metrics.recall_failures.inc();
+                    break engine;
+                }
             }
-            _ => Vec::new(),
+            if reads != 1 {
+                break engine;
+            }
+            unanswered = Unanswered {
+                since: engine.unanswered(&s).since,
+                snapshot: false,
+            };
+            if unanswered.is_empty() {
+                break engine;
+            }
         };
-        let mut engine = node.engine.lock();
-        for (topic, epoch, messages) in recalled {
-            self.metrics.recalled.inc_by(messages.len() as u64);
-            engine.restore(&topic, &epoch, messages);
-        }
         let result = engine.handle(conn, Request::Subscribe(s), now_us());
         if valid {
             engine.release_interest(&pattern);

@@ -524,9 +524,9 @@ async fn a_client_of_a_killed_node_recovers_on_another() {
     assert_eq!(got[2]["epoch"], epoch.as_str());
 }
 
-/// `herald serve --nats … --nats-jetstream`, once the stream is declared.
-fn jetstream_node(nats: &Nats) -> Node {
-    let node = Node::start(nats, &["--nats-jetstream"]);
+/// `herald serve --nats … --nats-jetstream` (and `extra`), once the stream is declared.
+fn jetstream_node(nats: &Nats, extra: &[&str]) -> Node {
+    let node = Node::start(nats, &[extra, &["--nats-jetstream"]].concat());
     wait_for("the JetStream stream", 10, || {
         node.metric("herald_cluster_jetstream_available") == 1
     });
@@ -558,7 +558,7 @@ fn publish_run(node: &Node, topic: &str, run: std::ops::RangeInclusive<i64>) {
 #[tokio::test]
 async fn a_client_moving_to_a_node_that_never_followed_the_topic_recovers_from_jetstream() {
     let nats = Nats::start();
-    let (a, b) = (jetstream_node(&nats), jetstream_node(&nats));
+    let (a, b) = (jetstream_node(&nats, &[]), jetstream_node(&nats, &[]));
     let on_a = a.sub("feed/x", 3);
     wait_for("A's subscriber", 10, || {
         a.metric("herald_subscriptions") == 1
@@ -616,7 +616,7 @@ async fn a_client_moving_to_a_node_that_never_followed_the_topic_recovers_from_j
 #[tokio::test]
 async fn a_snapshot_on_a_node_that_never_followed_the_topics_comes_from_jetstream() {
     let nats = Nats::start();
-    let (a, b) = (jetstream_node(&nats), jetstream_node(&nats));
+    let (a, b) = (jetstream_node(&nats, &[]), jetstream_node(&nats, &[]));
     a.publish("cfg/a", b"old");
     a.publish("cfg/a", b"new");
     let image = noise(5 << 19, 11); // 2.5 MiB: three chunks
@@ -720,5 +720,60 @@ fn a_quiet_topic_reports_the_gap_after_a_nats_restart() {
     assert!(
         err.contains("dropped 3 message(s) on \"quiet\""),
         "B's subscriber is told: {err}"
+    );
+}
+
+/// While A keeps publishing, a client resumes on B (which never followed the topic): what B
+/// reads from JetStream and what reaches it live meanwhile join into one run — every message
+/// after the client's position exactly once, in order.
+#[tokio::test]
+async fn a_recovery_from_jetstream_under_live_publishing_has_no_gap_or_duplicate() {
+    let nats = Nats::start();
+    // History long enough that the position is still held when the client comes back.
+    let config = std::env::temp_dir().join(format!("herald-history-{}.toml", free_port()));
+    std::fs::write(
+        &config,
+        "[[history]]\npattern = \">\"\nmax_messages = 1000\n",
+    )
+    .unwrap();
+    let config_flag = ["--config", config.to_str().unwrap()];
+    let (a, b) = (
+        jetstream_node(&nats, &config_flag),
+        jetstream_node(&nats, &config_flag),
+    );
+    let _ = std::fs::remove_file(&config);
+    publish_run(&a, "feed/x", 1..=20);
+    let port = a.port;
+    let publisher = std::thread::spawn(move || {
+        let a = Node {
+            child: Command::new("true").spawn().unwrap(),
+            port,
+        };
+        for i in 21..=300 {
+            a.publish("feed/x", format!("m{i}").as_bytes());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let epoch = {
+        let mut ws = ws_request(&a, json!({"op":"sub","topic":"feed/x","snapshot":true})).await;
+        next_json(&mut ws, 2).await[1]["epoch"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (mut ws, got) = resume_feed(&b, 10, &epoch, 0).await;
+    let mut seqs = Vec::new();
+    while seqs.last() != Some(&300) {
+        let m = next_json(&mut ws, 1).await.remove(0);
+        assert_eq!(m["op"], "msg", "{m} after {got:?}");
+        seqs.push(m["seq"].as_u64().unwrap());
+    }
+    publisher.join().unwrap();
+    assert_eq!(
+        seqs,
+        (11..=300).collect::<Vec<_>>(),
+        "replayed {}",
+        got[0]["replayed"]
     );
 }
