@@ -972,8 +972,9 @@ impl Inbound {
 }
 
 /// Announces this node every [`HEARTBEAT`] (its id and how many times it connected) and counts
-/// the nodes heard recently. A node heard for the first time, or after it reconnected, rings
-/// `announce`: it may have missed this node's messages.
+/// the nodes heard recently. A node heard after it reconnected rings `announce`: it may have
+/// missed this node's messages. (Announcements are kept in the JetStream stream like messages,
+/// so they are made only when needed.)
 async fn heartbeat(
     client: Client,
     prefix: String,
@@ -1002,9 +1003,11 @@ async fn heartbeat(
                 let text = String::from_utf8_lossy(&message.payload);
                 let (id, connects) = text.split_once(' ').unwrap_or((&text, ""));
                 let before = seen.insert(id.to_owned(), (connects.to_owned(), Instant::now()));
+                // A node on its first connection holds nothing to fill in; a node that
+                // reconnected may have missed what was published meanwhile.
                 let rejoined = match before {
                     Some((c, _)) => c != connects,
-                    None => true,
+                    None => connects != "1",
                 };
                 if rejoined {
                     announce.notify_one();
