@@ -287,12 +287,11 @@ fn nodes_route_by_interest_and_carry_multi_mib_binaries_whole() {
     });
     let on_b = b.sub("img/>", 2);
     let on_a = a.sub("img/>", 3);
-    wait_for("B to subscribe on NATS", 10, || {
-        b.metric("herald_cluster_remote_interest") == 1
+    // Counted once attached, which is after NATS has the node's subscription.
+    wait_for("both subscribers", 10, || {
+        b.metric("herald_subscriptions") == 1 && a.metric("herald_subscriptions") == 1
     });
-    wait_for("A to subscribe on NATS", 10, || {
-        a.metric("herald_cluster_remote_interest") == 1
-    });
+    assert_eq!(b.metric("herald_cluster_remote_interest"), 1);
     // Levels NATS could not carry as they are: a dot, a space, non-ASCII.
     let image = noise(5 << 20, 7);
     assert_eq!(a.publish("img/cam.1%20%C3%A9", &image), 1);
@@ -356,8 +355,9 @@ impl Outage {
         let b = Node::start(&nats, &[]);
         let on_a = on_a.map(|n| a.sub(topic, n));
         let on_b = b.sub(topic, on_b);
-        wait_for("B to subscribe on NATS", 10, || {
-            b.metric("herald_cluster_remote_interest") == 1
+        wait_for("the subscribers", 10, || {
+            b.metric("herald_subscriptions") == 1
+                && a.metric("herald_subscriptions") == i64::from(on_a.is_some())
         });
         a.publish(topic, b"before");
         wait_for("B to receive", 10, || {
@@ -429,8 +429,8 @@ fn a_stalled_nats_keeps_memory_bounded() {
     let a = Node::start(&nats, &["--config", config.to_str().unwrap()]);
     let b = Node::start(&nats, &[]);
     let on_b = b.sub("bulk", 1_000_000);
-    wait_for("B to subscribe on NATS", 10, || {
-        b.metric("herald_cluster_remote_interest") == 1
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_subscriptions") == 1
     });
     signal(&nats.child, 19); // SIGSTOP: the connection stays open, nothing moves.
     let payload = noise(256 << 10, 3);
@@ -527,8 +527,8 @@ async fn a_client_of_a_killed_node_recovers_on_another() {
     let nats = Nats::start();
     let (a, mut b) = (Node::start(&nats, &[]), Node::start(&nats, &[]));
     let on_b = b.sub("feed/>", 2);
-    wait_for("interest on B", 10, || {
-        b.metric("herald_cluster_remote_interest") == 1
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_subscriptions") == 1
     });
     // The publisher is on A; B's client sees 1 and 2, then B dies.
     a.publish("feed/x", b"1");
