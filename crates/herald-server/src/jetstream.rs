@@ -104,8 +104,11 @@ impl DurableHistory {
                 *self.stream.lock() = None;
             }
             available(ok);
-            let retry = if ok { Duration::MAX } else { RETRY };
-            let _ = tokio::time::timeout(retry, reconnected).await;
+            if ok {
+                reconnected.await;
+            } else {
+                let _ = tokio::time::timeout(RETRY, reconnected).await;
+            }
         }
     }
 
