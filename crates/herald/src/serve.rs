@@ -1,5 +1,6 @@
 //! `herald serve`.
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use herald_server::{Config, Server};
 use serde::Serialize;
@@ -124,17 +125,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
     herald_server::raise_open_file_limit();
+    // Before the listener exists: a SIGTERM as soon as herald accepts connections must already
+    // be a graceful stop, not the default (die).
+    let shutdown = shutdown_signal()?;
     let server = Server::bind(config).await?;
-    server.run(shutdown_signal()).await
+    server.run(shutdown).await
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("cannot install the SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
-    }
+/// Installs the Ctrl-C and SIGTERM handlers now; the future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
