@@ -15,7 +15,8 @@
 //!
 //! [`Engine::unanswered`]: herald_core::engine::Engine::unanswered
 
-use crate::nats::{Carried, NatsConfig, Reassembly};
+use crate::carried::{Carried, Reassembly};
+use crate::nats::NatsConfig;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::StreamMessage, stream};
 use async_nats::Client;

@@ -22,6 +22,7 @@
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
 
 pub mod auth;
+mod carried;
 pub mod config;
 pub mod connection;
 pub mod dashboard;

@@ -14,16 +14,23 @@
 //! reassembled per origin and topic; an incomplete message is discarded, never delivered. The
 //! outgoing queue is bounded in bytes (`max_pending_bytes`): past it, messages are not carried
 //! (counted), and remote nodes see the hole in the sequence and tell their subscribers.
+//!
+//! A subscription to a pattern this node does not follow yet is answered once the NATS server
+//! has the node's subscription ([`NatsBroker::subscribe`]), and what memory cannot recover is
+//! read from JetStream when configured ([`crate::jetstream`]). After an outage, origins
+//! announce their topics' positions so that quiet topics' holes are found too. The wire format
+//! (headers, chunks, announcements) is in `carried.rs`.
 
+use crate::carried::{Carried, Outgoing, Reassembly, CHUNK, HEADER_ROOM};
 use crate::jetstream::DurableHistory;
 use crate::node::{now_us, Node};
 use anyhow::{bail, Context};
 use async_nats::connection::State;
-use async_nats::{Client, ConnectOptions, Event, HeaderMap, Message};
-use bytes::{Bytes, BytesMut};
+use async_nats::{Client, ConnectOptions, Event, Message};
+use bytes::Bytes;
 use futures_util::StreamExt;
-use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Recalled, Unanswered};
-use herald_core::wire::{PayloadKind, Publish, Request, Subscribe};
+use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Unanswered};
+use herald_core::wire::{Publish, Request, Subscribe};
 use herald_core::{subject, topic};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -36,17 +43,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-const ORIGIN: &str = "Herald-Origin";
-const EPOCH: &str = "Herald-Epoch";
-const SEQ: &str = "Herald-Seq";
-const KIND: &str = "Herald-Kind";
-const CONTENT_TYPE: &str = "Herald-Content-Type";
-const STAMP: &str = "Herald-Stamp";
-const CHUNK: &str = "Herald-Chunk";
-/// `Herald-Kind` of a position announcement (see [`mark`]).
-const MARK: &str = "mark";
-/// Room left in each NATS message for the headers above.
-const HEADER_ROOM: usize = 4096;
 /// How often a node announces itself on `<prefix>.nodes`; nodes unheard for three periods are
 /// no longer counted.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -207,32 +203,6 @@ impl ClusterMetrics {
     }
 }
 
-/// A message on its way to NATS.
-struct Outgoing {
-    subject: String,
-    headers: HeaderMap,
-    payload: Bytes,
-    /// A position announcement ([`mark`]), not counted as a message.
-    mark: bool,
-}
-
-/// A position announcement: `subject`'s topic reached `seq` in `epoch` on node `origin`. It
-/// carries no message; a node that holds less of that epoch learns the exact hole
-/// ([`Engine::remote_reached`](herald_core::engine::Engine::remote_reached)).
-fn mark(origin: &str, subject: String, epoch: &str, seq: u64) -> Outgoing {
-    let mut headers = HeaderMap::new();
-    headers.insert(ORIGIN, origin);
-    headers.insert(EPOCH, epoch);
-    headers.insert(SEQ, seq.to_string().as_str());
-    headers.insert(KIND, MARK);
-    Outgoing {
-        subject,
-        headers,
-        payload: Bytes::new(),
-        mark: true,
-    }
-}
-
 /// The NATS subscriptions this node holds, one per locally held pattern, and whether the server
 /// has confirmed each.
 #[derive(Default)]
@@ -325,25 +295,7 @@ impl NatsBroker {
         self.metrics
             .pending_bytes
             .set(self.pending.fetch_add(size, Ordering::Relaxed) as i64 + size as i64);
-        let mut headers = HeaderMap::new();
-        headers.insert(ORIGIN, self.node_id.as_str());
-        headers.insert(EPOCH, epoch);
-        headers.insert(SEQ, seq.to_string().as_str());
-        if p.kind == PayloadKind::Text {
-            headers.insert(KIND, "text");
-        }
-        if let Some(ct) = &p.content_type {
-            headers.insert(CONTENT_TYPE, ct.as_str());
-        }
-        if p.stamp {
-            headers.insert(STAMP, now_us.to_string().as_str());
-        }
-        let outgoing = Outgoing {
-            subject,
-            headers,
-            payload: p.payload.clone(),
-            mark: false,
-        };
+        let outgoing = Outgoing::message(&self.node_id, subject, p, epoch, seq, now_us);
         // The receiver lives as long as the process once started; before that, messages wait.
         let _ = self.out.send(outgoing);
     }
@@ -356,7 +308,7 @@ impl NatsBroker {
     }
 
     /// Carries out a subscription in a cluster. Its pattern is followed on NATS *before* it is
-    /// answered (bounded by [`FOLLOW_TIMEOUT`]), so that a message published anywhere after the
+    /// answered (within 2 s), so that a message published anywhere after the
     /// `subscribed` reply reaches it. With durable history, what memory cannot answer of its
     /// `since` and `snapshot` is read from JetStream and joined with what arrived live
     /// meanwhile ([`Engine::restore`](herald_core::engine::Engine::restore)), then the engine
@@ -370,7 +322,7 @@ impl NatsBroker {
     ) -> Result<Option<Published>, &'static str> {
         let pattern = s.topic.clone();
         let valid = topic::validate_pattern(&pattern).is_ok();
-        let unanswered = if valid {
+        let mut unanswered = if valid {
             let mut engine = node.engine.lock();
             engine.hold_interest(&pattern);
             self.interest(engine.take_interest_changes());
@@ -386,7 +338,6 @@ impl NatsBroker {
         }
         // A message NATS carried just before this node's subscription may not be stored yet
         // when the stream is read, and then neither source has it: one more read closes that.
-        let mut unanswered = unanswered;
         let mut reads = 0;
         let mut engine = loop {
             let recalled = match &self.history {
@@ -596,7 +547,7 @@ impl Uncarried {
     async fn announce(&self, client: &Client) {
         let positions: Vec<_> = self.positions.lock().drain().collect();
         for (subject, (epoch, seq)) in positions {
-            let m = mark(&self.origin, subject, &epoch, seq);
+            let m = Outgoing::mark(&self.origin, subject, &epoch, seq);
             if let Err(e) = client
                 .publish_with_headers(m.subject, m.headers, m.payload)
                 .await
@@ -785,7 +736,7 @@ async fn announce_positions(
             let positions = engine.local_positions();
             // Under the engine lock: nothing this node publishes can slip between.
             for (topic, epoch, seq) in &positions {
-                let _ = out.send(mark(
+                let _ = out.send(Outgoing::mark(
                     &origin,
                     subject::to_subject(&topics, topic),
                     epoch,
@@ -795,121 +746,6 @@ async fn announce_positions(
             positions.len()
         };
         tracing::debug!(topics = positions, "announced positions to the other nodes");
-    }
-}
-
-/// The herald headers of a message carried between nodes (or stored in JetStream).
-pub(crate) struct Carried {
-    pub origin: String,
-    pub epoch: String,
-    pub seq: u64,
-    /// `Herald-Chunk: i/n` of a message sent in parts.
-    pub chunk: Option<String>,
-    /// A position announcement, not a message.
-    pub mark: bool,
-    kind: PayloadKind,
-    content_type: Option<String>,
-    /// The publisher's `stamp` time (µs).
-    stamp: Option<u64>,
-}
-
-impl Carried {
-    /// `None` for a message without herald's headers (not one of ours).
-    pub fn from_headers(headers: Option<&HeaderMap>) -> Option<Carried> {
-        let headers = headers?;
-        let header = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
-        let kind = header(KIND);
-        Some(Carried {
-            origin: header(ORIGIN)?,
-            epoch: header(EPOCH)?,
-            seq: header(SEQ)?.parse().ok()?,
-            chunk: header(CHUNK),
-            mark: kind.as_deref() == Some(MARK),
-            kind: match kind.as_deref() {
-                Some("text") => PayloadKind::Text,
-                _ => PayloadKind::Binary,
-            },
-            content_type: header(CONTENT_TYPE),
-            stamp: header(STAMP).and_then(|s| s.parse().ok()),
-        })
-    }
-
-    fn publish(&self, topic: String, payload: Bytes) -> Publish {
-        Publish {
-            id: None,
-            topic,
-            payload,
-            kind: self.kind,
-            content_type: self.content_type.clone(),
-            stamp: self.stamp.is_some(),
-        }
-    }
-
-    /// The message as read back from a store that received it at `stored_us`.
-    pub fn recalled(&self, topic: String, payload: Bytes, stored_us: u64) -> Recalled {
-        Recalled {
-            publish: self.publish(topic, payload),
-            seq: self.seq,
-            at_us: self.stamp.unwrap_or(stored_us),
-        }
-    }
-}
-
-/// A chunked message being put back together.
-struct Partial {
-    seq: u64,
-    next: usize,
-    buf: BytesMut,
-}
-
-/// Puts chunked messages back together, per (origin, subject): chunks of one message arrive in
-/// order on one subject.
-#[derive(Default)]
-pub(crate) struct Reassembly {
-    partial: HashMap<(String, String), Partial>,
-}
-
-impl Reassembly {
-    /// Adds chunk `i/n` (the `Herald-Chunk` header) of message `seq`; returns the message once
-    /// whole, and whether an incomplete one was discarded. A chunk out of order means one was
-    /// lost: the partial message is discarded.
-    pub fn add(
-        &mut self,
-        origin: &str,
-        subject: &str,
-        seq: u64,
-        chunk: &str,
-        part: &Bytes,
-        limit: usize,
-    ) -> (Option<Bytes>, bool) {
-        let Some((i, n)) = chunk.split_once('/') else {
-            return (None, false);
-        };
-        let (Ok(i), Ok(n)) = (i.parse::<usize>(), n.parse::<usize>()) else {
-            return (None, false);
-        };
-        let partials = &mut self.partial;
-        let key = (origin.to_owned(), subject.to_owned());
-        let current = partials.get_mut(&key).filter(|p| p.seq == seq);
-        let mut discarded = false;
-        match current {
-            Some(p) if i < p.next => return (None, false), // a duplicate (overlapping subscriptions)
-            Some(p) if i == p.next && p.buf.len() + part.len() <= limit => {
-                p.buf.extend_from_slice(part);
-                p.next += 1;
-            }
-            _ if i == 0 => {
-                discarded = partials.remove(&key).is_some();
-                let mut buf = BytesMut::with_capacity(part.len() * n);
-                buf.extend_from_slice(part);
-                partials.insert(key.clone(), Partial { seq, next: 1, buf });
-            }
-            _ => return (None, partials.remove(&key).is_some()),
-        }
-        if partials.get(&key).is_some_and(|p| p.next == n) {
-            return (partials.remove(&key).map(|p| p.buf.freeze()), discarded);
-        }
-        (None, discarded)
     }
 }
 
