@@ -3,12 +3,12 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { promisify } from "node:util";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
-import { Herald, HERALD_BIN } from "./herald.js";
+import { Herald, HERALD_BIN, freePort } from "./herald.js";
 import { writeFits } from "./fits-writer.js";
 import { connect } from "../src/herald-client.js";
 import { CHROMIUM, CHROMIUM_ARGS } from "./browser.js";
@@ -56,7 +56,34 @@ test("the overview loads and shows live numbers", { skip }, async () => {
   await page.waitForFunction(() => document.getElementById("s-in-rate")?.textContent !== "–");
   await page.waitForTimeout(2500); // a few chart points
   assert.equal(await text("s-topics"), "4");
+  assert.equal(await page.locator("#cluster-panel").isHidden(), true, "a node alone has no cluster panel");
   await screenshot("overview");
+});
+
+const NATS_SERVER = ["/usr/sbin/nats-server", "/usr/bin/nats-server"].find((p) => existsSync(p));
+
+test("a node in a cluster shows its NATS state", { skip: skip || (!NATS_SERVER && "no nats-server (apt-get install nats-server)") }, async () => {
+  const natsPort = await freePort();
+  const nats = spawn(/** @type {string} */ (NATS_SERVER), ["-a", "127.0.0.1", "-p", String(natsPort)], { stdio: "ignore" });
+  const node = await Herald.start(["--nats", `nats://127.0.0.1:${natsPort}`]);
+  const clustered = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  clustered.on("console", (m) => m.type() === "error" && problems.push(`cluster page console: ${m.text()}`));
+  clustered.on("pageerror", (e) => problems.push(`cluster page exception: ${e.message}`));
+  try {
+    await clustered.goto(`${node.http}/#overview`);
+    await clustered.waitForFunction(() => !document.getElementById("cluster-panel")?.hidden);
+    await clustered.waitForFunction(() => document.getElementById("s-cluster")?.textContent?.includes("connected"));
+    const rows = await clustered.locator("#s-cluster tr").allInnerTexts();
+    assert.match(rows[0], /NATS\s+connected/);
+    assert.match(rows[1], /nodes seen\s+1/);
+    // The page's own subscriptions are interest this node holds on NATS.
+    assert.ok(rows.some((r) => /messages out via NATS/.test(r)), rows.join("\n"));
+    if (shots) await clustered.screenshot({ path: join(shots, "dashboard-cluster.png") });
+  } finally {
+    await clustered.close();
+    await node.stop();
+    nats.kill();
+  }
 });
 
 test("the topic explorer shows the tree with subscribers and last values", { skip }, async () => {

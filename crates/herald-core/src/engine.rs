@@ -101,6 +101,8 @@ impl Default for EngineConfig {
 
 pub type ConnId = u32;
 
+pub use cluster::{Recalled, Unanswered};
+
 /// A change in the set of patterns this engine's connections hold: the first subscriber to a
 /// pattern adds it, the last one to leave removes it. A cluster bridge subscribes upstream only
 /// to what local clients want (see [`Engine::track_interest`]).
@@ -366,6 +368,7 @@ impl<O: Outbox> Engine<O> {
                     counts.remove(pattern);
                     self.interest_changes
                         .push(Interest::Removed(pattern.to_owned()));
+                    self.forget_unfollowed(pattern);
                 }
             }
         }
@@ -1012,5 +1015,6 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+mod cluster;
 #[cfg(test)]
 mod tests;

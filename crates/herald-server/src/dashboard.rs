@@ -25,6 +25,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("chart.js", JS, include_str!("dashboard/chart.js")),
     ("format.js", JS, include_str!("dashboard/format.js")),
     ("overview.js", JS, include_str!("dashboard/overview.js")),
+    ("cluster.js", JS, include_str!("dashboard/cluster.js")),
     ("topics.js", JS, include_str!("dashboard/topics.js")),
     ("live.js", JS, include_str!("dashboard/live.js")),
     ("images.js", JS, include_str!("dashboard/images.js")),

@@ -118,6 +118,8 @@ async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
         "dropped": family(&text, "herald_dropped_messages_total", "reason"),
         "disconnects": family(&text, "herald_disconnects_total", "reason"),
         "errors": family(&text, "herald_request_errors_total", "code"),
+        // `null` for a node alone; see docs/cluster.md.
+        "cluster": node.broker.as_ref().map(|b| b.stats()),
     }))
     .into_response()
 }

@@ -16,6 +16,7 @@
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
+//! - [`jetstream`]: durable history in NATS JetStream (`[nats] jetstream = true`).
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
 //! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!
@@ -23,12 +24,14 @@
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
 
 pub mod auth;
+mod carried;
 pub mod config;
 pub mod connection;
 pub mod dashboard;
 pub mod flush;
 pub mod http;
 pub mod introspect;
+pub mod jetstream;
 pub mod jwks;
 pub mod limits;
 pub mod listener;

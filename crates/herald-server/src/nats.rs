@@ -14,35 +14,35 @@
 //! reassembled per origin and topic; an incomplete message is discarded, never delivered. The
 //! outgoing queue is bounded in bytes (`max_pending_bytes`): past it, messages are not carried
 //! (counted), and remote nodes see the hole in the sequence and tell their subscribers.
+//!
+//! A subscription to a pattern this node does not follow yet is answered once the NATS server
+//! has the node's subscription ([`NatsBroker::subscribe`]), and what memory cannot recover is
+//! read from JetStream when configured ([`crate::jetstream`]). After an outage, origins
+//! announce their topics' positions so that quiet topics' holes are found too. The wire format
+//! (headers, chunks, announcements) is in `carried.rs`.
 
+use crate::carried::{Carried, Outgoing, Reassembly, CHUNK, HEADER_ROOM};
+use crate::jetstream::DurableHistory;
 use crate::node::{now_us, Node};
 use anyhow::{bail, Context};
-use async_nats::{Client, ConnectOptions, Event, HeaderMap, Message};
-use bytes::{Bytes, BytesMut};
+use async_nats::connection::State;
+use async_nats::{Client, ConnectOptions, Event, Message};
+use bytes::Bytes;
 use futures_util::StreamExt;
-use herald_core::engine::Interest;
-use herald_core::subject;
-use herald_core::wire::{PayloadKind, Publish};
+use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Unanswered};
+use herald_core::wire::{Publish, Request, Subscribe};
+use herald_core::{subject, topic};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-const ORIGIN: &str = "Herald-Origin";
-const EPOCH: &str = "Herald-Epoch";
-const SEQ: &str = "Herald-Seq";
-const KIND: &str = "Herald-Kind";
-const CONTENT_TYPE: &str = "Herald-Content-Type";
-const STAMP: &str = "Herald-Stamp";
-const CHUNK: &str = "Herald-Chunk";
-/// Room left in each NATS message for the headers above.
-const HEADER_ROOM: usize = 4096;
 /// How often a node announces itself on `<prefix>.nodes`; nodes unheard for three periods are
 /// no longer counted.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -58,6 +58,10 @@ pub struct NatsConfig {
     pub prefix: String,
     /// Bytes of published messages waiting to be handed to NATS before more are not carried.
     pub max_pending_bytes: usize,
+    /// Keep durable history in a JetStream stream (see [`crate::jetstream`]).
+    pub jetstream: bool,
+    /// The stream's total size bound: past it, JetStream drops the oldest messages.
+    pub jetstream_max_bytes: u64,
 }
 
 impl Default for NatsConfig {
@@ -66,6 +70,8 @@ impl Default for NatsConfig {
             url: String::new(),
             prefix: "herald".into(),
             max_pending_bytes: 64 << 20,
+            jetstream: false,
+            jetstream_max_bytes: 1 << 30,
         }
     }
 }
@@ -89,6 +95,9 @@ impl NatsConfig {
         if self.max_pending_bytes == 0 {
             bail!("[nats] max_pending_bytes must be greater than zero");
         }
+        if self.jetstream && self.jetstream_max_bytes == 0 {
+            bail!("[nats] jetstream_max_bytes must be greater than zero");
+        }
         Ok(())
     }
 }
@@ -108,6 +117,9 @@ struct ClusterMetrics {
     pending_bytes: Gauge,
     missed: Counter,
     incomplete: Counter,
+    jetstream_available: Gauge,
+    recalled: Counter,
+    recall_failures: Counter,
 }
 
 impl ClusterMetrics {
@@ -173,15 +185,44 @@ impl ClusterMetrics {
             "Chunked messages discarded because a chunk was missing",
             self.incomplete.clone(),
         );
+        r.register(
+            "jetstream_available",
+            "1 while the durable history stream is usable ([nats] jetstream)",
+            self.jetstream_available.clone(),
+        );
+        r.register(
+            "recalled",
+            "Messages read back from JetStream to answer a since or snapshot",
+            self.recalled.clone(),
+        );
+        r.register(
+            "recall_failures",
+            "Recoveries answered from memory alone because JetStream failed or was unavailable",
+            self.recall_failures.clone(),
+        );
     }
 }
 
-/// A message on its way to NATS.
-struct Outgoing {
-    subject: String,
-    headers: HeaderMap,
-    payload: Bytes,
+/// The NATS subscriptions this node holds, one per locally held pattern, and whether the server
+/// has confirmed each.
+#[derive(Default)]
+struct Follows {
+    map: parking_lot::Mutex<HashMap<String, Follow>>,
+    /// Rings whenever a subscription is confirmed.
+    ready: Notify,
 }
+
+struct Follow {
+    task: JoinHandle<()>,
+    ready: Arc<AtomicBool>,
+}
+
+/// How long a subscription to a new pattern waits for NATS to confirm its subscription before
+/// it is answered anyway (NATS slow: a message published meanwhile may be missed).
+const FOLLOW_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a node (re)joins NATS, how long the others wait before announcing their positions:
+/// its subscriptions are being restored, and several joins are announced once.
+const ANNOUNCE_DELAY: Duration = Duration::from_millis(300);
 
 /// This node's side of the NATS broker: what the engine's callers hand it, it carries.
 pub struct NatsBroker {
@@ -199,18 +240,32 @@ pub struct NatsBroker {
             mpsc::UnboundedReceiver<Interest>,
         )>,
     >,
+    follows: Arc<Follows>,
+    client: OnceLock<Client>,
+    /// `[nats] jetstream`: the durable history stream.
+    history: Option<Arc<DurableHistory>>,
+    /// Per subject, the last position of a topic with a message not carried (past
+    /// `max_pending_bytes`): announced once the queue has drained, so that other nodes learn
+    /// the hole even if the topic goes quiet.
+    uncarried: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
+    /// Rings when the other nodes should hear this node's positions: a node (re)joined NATS.
+    announce: Arc<Notify>,
 }
 
 impl NatsBroker {
-    /// The broker for `config`, its metrics registered in `registry`. Nothing is connected until
+    /// The broker for `config`, its metrics registered in `registry`; `history` sizes the
+    /// JetStream stream when `config.jetstream` is on. Nothing is connected until
     /// [`NatsBroker::start`].
-    pub fn new(config: NatsConfig, registry: &mut Registry) -> NatsBroker {
+    pub fn new(config: NatsConfig, history: &[HistoryRule], registry: &mut Registry) -> NatsBroker {
         let metrics = Arc::new(ClusterMetrics::default());
         metrics.register(registry);
         let (out, out_rx) = mpsc::unbounded_channel();
         let (interest, interest_rx) = mpsc::unbounded_channel();
         NatsBroker {
             topics: format!("{}.t", config.prefix),
+            history: config
+                .jetstream
+                .then(|| Arc::new(DurableHistory::new(&config, history))),
             config,
             node_id: format!("{:016x}", rand::random::<u64>()),
             metrics,
@@ -218,6 +273,10 @@ impl NatsBroker {
             out,
             interest,
             receivers: parking_lot::Mutex::new(Some((out_rx, interest_rx))),
+            follows: Arc::default(),
+            client: OnceLock::new(),
+            uncarried: Arc::default(),
+            announce: Arc::default(),
         }
     }
 
@@ -225,31 +284,18 @@ impl NatsBroker {
     /// `max_pending_bytes` are already waiting. Never blocks.
     pub fn publish(&self, p: &Publish, epoch: &str, seq: u64, now_us: u64) {
         let size = p.payload.len();
+        let subject = subject::to_subject(&self.topics, &p.topic);
         if self.pending.load(Ordering::Relaxed) + size > self.config.max_pending_bytes {
             self.metrics.not_carried.inc();
+            self.uncarried
+                .lock()
+                .insert(subject, (epoch.to_owned(), seq));
             return;
         }
         self.metrics
             .pending_bytes
             .set(self.pending.fetch_add(size, Ordering::Relaxed) as i64 + size as i64);
-        let mut headers = HeaderMap::new();
-        headers.insert(ORIGIN, self.node_id.as_str());
-        headers.insert(EPOCH, epoch);
-        headers.insert(SEQ, seq.to_string().as_str());
-        if p.kind == PayloadKind::Text {
-            headers.insert(KIND, "text");
-        }
-        if let Some(ct) = &p.content_type {
-            headers.insert(CONTENT_TYPE, ct.as_str());
-        }
-        if p.stamp {
-            headers.insert(STAMP, now_us.to_string().as_str());
-        }
-        let outgoing = Outgoing {
-            subject: subject::to_subject(&self.topics, &p.topic),
-            headers,
-            payload: p.payload.clone(),
-        };
+        let outgoing = Outgoing::message(&self.node_id, subject, p, epoch, seq, now_us);
         // The receiver lives as long as the process once started; before that, messages wait.
         let _ = self.out.send(outgoing);
     }
@@ -261,6 +307,136 @@ impl NatsBroker {
         }
     }
 
+    /// Carries out a subscription in a cluster. Its pattern is followed on NATS *before* it is
+    /// answered (within 2 s), so that a message published anywhere after the
+    /// `subscribed` reply reaches it. With durable history, what memory cannot answer of its
+    /// `since` and `snapshot` is read from JetStream and joined with what arrived live
+    /// meanwhile ([`Engine::restore`](herald_core::engine::Engine::restore)), then the engine
+    /// answers and attaches it under one lock: no gap, no duplicate. When JetStream fails, the
+    /// answer is memory's, gaps and all (`unknown_topic`, `history_trimmed`).
+    pub async fn subscribe(
+        &self,
+        node: &Node,
+        conn: ConnId,
+        s: Subscribe,
+    ) -> Result<Option<Published>, &'static str> {
+        let pattern = s.topic.clone();
+        let valid = topic::validate_pattern(&pattern).is_ok();
+        let mut unanswered = if valid {
+            let mut engine = node.engine.lock();
+            engine.hold_interest(&pattern);
+            self.interest(engine.take_interest_changes());
+            match &self.history {
+                Some(_) => engine.unanswered(&s),
+                None => Unanswered::default(),
+            }
+        } else {
+            Unanswered::default()
+        };
+        if valid {
+            self.followed(&pattern).await;
+        }
+        // A message NATS carried just before this node's subscription may not be stored yet
+        // when the stream is read, and then neither source has it: one more read closes that.
+        let mut reads = 0;
+        let mut engine = loop {
+            let recalled = match &self.history {
+                Some(history) if !unanswered.is_empty() => {
+                    reads += 1;
+                    history
+                        .recall(&pattern, &unanswered, node.config.max_message_bytes)
+                        .await
+                }
+                _ => Ok(Vec::new()),
+            };
+            let mut engine = node.engine.lock();
+            match recalled {
+                Ok(found) => {
+                    for (topic, epoch, messages) in found {
+                        self.metrics.recalled.inc_by(messages.len() as u64);
+                        engine.restore(&topic, &epoch, messages);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%pattern, error = %e, "answering from memory alone");
+                    self.metrics.recall_failures.inc();
+                    break engine;
+                }
+            }
+            if reads != 1 {
+                break engine;
+            }
+            unanswered = Unanswered {
+                since: engine.unanswered(&s).since,
+                snapshot: false,
+            };
+            if unanswered.is_empty() {
+                break engine;
+            }
+        };
+        let result = engine.handle(conn, Request::Subscribe(s), now_us());
+        if valid {
+            engine.release_interest(&pattern);
+        }
+        self.interest(engine.take_interest_changes());
+        result
+    }
+
+    /// Waits until NATS has confirmed this node's subscription to `pattern`, at most
+    /// [`FOLLOW_TIMEOUT`]; not at all while NATS is away (the client restores subscriptions
+    /// when it is back).
+    async fn followed(&self, pattern: &str) {
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + FOLLOW_TIMEOUT;
+        loop {
+            if client.connection_state() != State::Connected {
+                return;
+            }
+            let notified = self.follows.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let ready = self
+                .follows
+                .map
+                .lock()
+                .get(pattern)
+                .is_some_and(|f| f.ready.load(Ordering::Acquire));
+            if ready {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(%pattern, "NATS did not confirm the subscription in time");
+                return;
+            }
+        }
+    }
+
+    /// Cluster state for `/api/stats`.
+    pub fn stats(&self) -> serde_json::Value {
+        let m = &self.metrics;
+        serde_json::json!({
+            "node_id": self.node_id,
+            "nats_connected": m.connected.get() == 1,
+            "nats_connects": m.connects.get(),
+            "nodes_seen": m.nodes_seen.get(),
+            "remote_interest": m.remote_interest.get(),
+            "messages_in": m.messages_in.get(),
+            "bytes_in": m.bytes_in.get(),
+            "messages_out": m.messages_out.get(),
+            "bytes_out": m.bytes_out.get(),
+            "pending_bytes": m.pending_bytes.get(),
+            "not_carried": m.not_carried.get(),
+            "missed": m.missed.get(),
+            "incomplete": m.incomplete.get(),
+            "jetstream": self.history.is_some(),
+            "jetstream_available": m.jetstream_available.get() == 1,
+            "recalled": m.recalled.get(),
+            "recall_failures": m.recall_failures.get(),
+        })
+    }
+
     /// Connects (in the background: herald serves its own clients while NATS is away) and
     /// starts the tasks that carry messages both ways. They hold the node weakly and end with it.
     pub async fn start(&self, node: &Arc<Node>) -> anyhow::Result<()> {
@@ -268,6 +444,8 @@ impl NatsBroker {
             bail!("the NATS broker is already started");
         };
         let metrics = self.metrics.clone();
+        let announce = self.announce.clone();
+        let history = self.history.clone();
         let options = ConnectOptions::new()
             .name(format!("herald {}", self.node_id))
             .no_echo()
@@ -277,13 +455,21 @@ impl NatsBroker {
                 Duration::from_millis((100 * attempt as u64).min(2000))
             })
             .event_callback(move |event| {
-                let metrics = metrics.clone();
+                let (metrics, announce, history) =
+                    (metrics.clone(), announce.clone(), history.clone());
                 async move {
                     match event {
                         Event::Connected => {
                             tracing::info!("connected to NATS");
                             metrics.connected.set(1);
                             metrics.connects.inc();
+                            if metrics.connects.get() > 1 {
+                                // What went out just before the outage may be lost.
+                                announce.notify_one();
+                            }
+                            if let Some(history) = history {
+                                history.reconnected.notify_one();
+                            }
                         }
                         Event::Disconnected => {
                             tracing::warn!("disconnected from NATS; reconnecting");
@@ -297,15 +483,20 @@ impl NatsBroker {
             .connect(self.config.url.as_str())
             .await
             .with_context(|| format!("cannot use NATS at {}", self.config.url))?;
+        let _ = self.client.set(client.clone());
         let weak = Arc::downgrade(node);
         tokio::spawn(carry_out(
             client.clone(),
             out_rx,
             self.pending.clone(),
             self.metrics.clone(),
+            Uncarried {
+                origin: self.node_id.clone(),
+                positions: self.uncarried.clone(),
+            },
         ));
         let inbound = Arc::new(Inbound {
-            node: weak,
+            node: weak.clone(),
             topics: self.topics.clone(),
             metrics: self.metrics.clone(),
             partial: parking_lot::Mutex::default(),
@@ -315,12 +506,28 @@ impl NatsBroker {
             interest_rx,
             inbound,
             self.topics.clone(),
+            self.follows.clone(),
+            format!("{}.ping", self.config.prefix),
         ));
+        tokio::spawn(announce_positions(
+            weak,
+            self.announce.clone(),
+            self.out.clone(),
+            self.node_id.clone(),
+            self.topics.clone(),
+        ));
+        if let Some(history) = &self.history {
+            let metrics = self.metrics.clone();
+            tokio::spawn(history.clone().keep_declared(client.clone(), move |ok| {
+                metrics.jetstream_available.set(i64::from(ok));
+            }));
+        }
         tokio::spawn(heartbeat(
             client,
             self.config.prefix.clone(),
             self.node_id.clone(),
             self.metrics.clone(),
+            self.announce.clone(),
         ));
         Ok(())
     }
@@ -329,19 +536,43 @@ impl NatsBroker {
 /// Bytes handed to the NATS client before a flush must confirm them.
 const FLUSH_EVERY: usize = 1 << 20;
 
+/// The positions of topics with messages that were not carried, announced once the queue has
+/// drained.
+struct Uncarried {
+    origin: String,
+    positions: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
+}
+
+impl Uncarried {
+    async fn announce(&self, client: &Client) {
+        let positions: Vec<_> = self.positions.lock().drain().collect();
+        for (subject, (epoch, seq)) in positions {
+            let m = Outgoing::mark(&self.origin, subject, &epoch, seq);
+            if let Err(e) = client
+                .publish_with_headers(m.subject, m.headers, m.payload)
+                .await
+            {
+                tracing::warn!(error = %e, "could not announce a position to NATS");
+            }
+        }
+    }
+}
+
 /// Hands queued messages to NATS in order, each in chunks that fit the server's `max_payload`.
 ///
 /// The NATS client buffers what it is handed (by count, not bytes) and keeps it while
-/// disconnected, so a message counts as pending until a flush — a round trip to the server —
-/// confirms it left. A flush runs whenever the queue is empty (abandoned if a message comes
+/// disconnected, so a message counts as pending until a flush confirms it left (written to the
+/// socket, which blocks while the server does not read). A flush runs whenever the queue is empty (abandoned if a message comes
 /// first, so it never delays one) and is awaited after every [`FLUSH_EVERY`] bytes. While NATS
 /// is away or stalled, flushes wait, pending bytes reach `max_pending_bytes`, and
-/// [`NatsBroker::publish`] stops queueing: memory stays bounded.
+/// [`NatsBroker::publish`] stops queueing: memory stays bounded. Once the queue has drained,
+/// the positions of topics whose messages were not carried are announced.
 async fn carry_out(
     client: Client,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<ClusterMetrics>,
+    uncarried: Uncarried,
 ) {
     let confirm = |unflushed: &mut usize| {
         let left = pending.fetch_sub(*unflushed, Ordering::Relaxed) - *unflushed;
@@ -368,8 +599,10 @@ async fn carry_out(
                 tracing::warn!(error = %e, "could not hand a message to NATS");
             }
         }
-        metrics.messages_out.inc();
-        metrics.bytes_out.inc_by(size as u64);
+        if !m.mark {
+            metrics.messages_out.inc();
+            metrics.bytes_out.inc_by(size as u64);
+        }
         unflushed += size;
         if unflushed >= FLUSH_EVERY {
             flush(&client).await;
@@ -378,11 +611,15 @@ async fn carry_out(
         next = match rx.try_recv() {
             Ok(m) => Some(m),
             Err(mpsc::error::TryRecvError::Disconnected) => None,
-            Err(mpsc::error::TryRecvError::Empty) if unflushed == 0 => rx.recv().await,
+            Err(mpsc::error::TryRecvError::Empty) if unflushed == 0 => {
+                uncarried.announce(&client).await;
+                rx.recv().await
+            }
             Err(mpsc::error::TryRecvError::Empty) => tokio::select! {
                 m = rx.recv() => m,
                 () = flush(&client) => {
                     confirm(&mut unflushed);
+                    uncarried.announce(&client).await;
                     rx.recv().await
                 }
             },
@@ -398,19 +635,41 @@ async fn flush(client: &Client) {
     }
 }
 
+/// Returns once the NATS server has processed everything this client sent before: a request
+/// to `subject`, on which nobody listens, is answered by the server itself ("no responders")
+/// after it handled the commands ahead of it. (The client's `flush` only writes its buffer to
+/// the socket.) Bounded by [`FOLLOW_TIMEOUT`].
+async fn round_trip(client: &Client, subject: &str) {
+    let request = client.request(subject.to_owned(), Bytes::new());
+    match tokio::time::timeout(FOLLOW_TIMEOUT, request).await {
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {}
+        Ok(Ok(_)) => tracing::warn!(%subject, "something answers herald's round-trip subject"),
+        Ok(Err(e)) => tracing::debug!(%subject, error = %e, "NATS round trip failed"),
+        Err(_) => tracing::debug!(%subject, "NATS round trip timed out"),
+    }
+}
+
 /// Keeps one NATS subscription per pattern local clients hold.
 async fn follow_interest(
     client: Client,
     mut rx: mpsc::UnboundedReceiver<Interest>,
     inbound: Arc<Inbound>,
     topics: String,
+    follows: Arc<Follows>,
+    ping: String,
 ) {
-    let mut subscriptions: HashMap<String, JoinHandle<()>> = HashMap::new();
     while let Some(change) = rx.recv().await {
         match change {
             Interest::Added(pattern) => {
                 let subject = subject::to_subject(&topics, &pattern);
-                let (client, inbound) = (client.clone(), inbound.clone());
+                let ready = Arc::new(AtomicBool::new(false));
+                let (client, inbound, confirmed, follows_, ping) = (
+                    client.clone(),
+                    inbound.clone(),
+                    ready.clone(),
+                    follows.clone(),
+                    ping.clone(),
+                );
                 let task = tokio::spawn(async move {
                     let mut sub = match client.subscribe(subject.clone()).await {
                         Ok(sub) => sub,
@@ -419,22 +678,28 @@ async fn follow_interest(
                             return;
                         }
                     };
-                    // Once the server has the subscription, say so (tests wait on this gauge).
-                    let _ = client.flush().await;
+                    // Once the server has the subscription, say so: subscriptions waiting on
+                    // it are answered, and tests wait on the gauge.
+                    round_trip(&client, &ping).await;
+                    tracing::debug!(%subject, "NATS has the subscription");
+                    confirmed.store(true, Ordering::Release);
+                    follows_.ready.notify_waiters();
                     inbound.metrics.remote_interest.inc();
                     let _counted = InterestGuard(inbound.metrics.clone());
                     while let Some(message) = sub.next().await {
                         inbound.receive(message);
                     }
                 });
-                if let Some(old) = subscriptions.insert(pattern, task) {
-                    old.abort();
+                if let Some(old) = follows.map.lock().insert(pattern, Follow { task, ready }) {
+                    old.task.abort();
                 }
+                // The task may have confirmed before it was in the map.
+                follows.ready.notify_waiters();
             }
             Interest::Removed(pattern) => {
                 // Aborting drops the subscriber, which unsubscribes on NATS.
-                if let Some(task) = subscriptions.remove(&pattern) {
-                    task.abort();
+                if let Some(old) = follows.map.lock().remove(&pattern) {
+                    old.task.abort();
                 }
             }
         }
@@ -450,11 +715,38 @@ impl Drop for InterestGuard {
     }
 }
 
-/// A chunked message being put back together.
-struct Partial {
-    seq: u64,
-    next: usize,
-    buf: BytesMut,
+/// After a node (re)joined NATS, announces the position of every topic this node numbers, in
+/// order with the messages already queued: a node that missed messages (they were in flight
+/// when NATS went away) learns the exact hole even if the topic stays quiet.
+async fn announce_positions(
+    node: Weak<Node>,
+    announce: Arc<Notify>,
+    out: mpsc::UnboundedSender<Outgoing>,
+    origin: String,
+    topics: String,
+) {
+    loop {
+        announce.notified().await;
+        tokio::time::sleep(ANNOUNCE_DELAY).await;
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        let positions = {
+            let engine = node.engine.lock();
+            let positions = engine.local_positions();
+            // Under the engine lock: nothing this node publishes can slip between.
+            for (topic, epoch, seq) in &positions {
+                let _ = out.send(Outgoing::mark(
+                    &origin,
+                    subject::to_subject(&topics, topic),
+                    epoch,
+                    *seq,
+                ));
+            }
+            positions.len()
+        };
+        tracing::debug!(topics = positions, "announced positions to the other nodes");
+    }
 }
 
 /// Receives other nodes' messages: reassembles chunks, hands whole messages to the engine.
@@ -462,8 +754,7 @@ struct Inbound {
     node: Weak<Node>,
     topics: String,
     metrics: Arc<ClusterMetrics>,
-    /// Per (origin, subject): chunks of one message arrive in order on one subject.
-    partial: parking_lot::Mutex<HashMap<(String, String), Partial>>,
+    partial: parking_lot::Mutex<Reassembly>,
 }
 
 impl Inbound {
@@ -471,32 +762,36 @@ impl Inbound {
         let Some(node) = self.node.upgrade() else {
             return;
         };
-        let Some(headers) = message.headers.as_ref() else {
-            return;
-        };
-        let header = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
-        let (Some(origin), Some(epoch), Some(seq)) = (
-            header(ORIGIN),
-            header(EPOCH),
-            header(SEQ).and_then(|s| s.parse::<u64>().ok()),
-        ) else {
+        let Some(carried) = Carried::from_headers(message.headers.as_ref()) else {
             tracing::debug!(subject = %message.subject, "ignoring a NATS message without herald headers");
             return;
         };
         let Some(topic) = subject::to_topic(&self.topics, &message.subject) else {
             return;
         };
-        let payload = match header(CHUNK) {
+        if carried.mark {
+            let missed = node
+                .engine
+                .lock()
+                .remote_reached(&topic, &carried.epoch, carried.seq);
+            self.metrics.missed.inc_by(missed);
+            return;
+        }
+        let payload = match &carried.chunk {
             None => message.payload,
             Some(chunk) => {
-                let Some(whole) = self.reassemble(
-                    &origin,
+                let (whole, discarded) = self.partial.lock().add(
+                    &carried.origin,
                     &message.subject,
-                    seq,
-                    &chunk,
+                    carried.seq,
+                    chunk,
                     &message.payload,
                     node.config.max_message_bytes,
-                ) else {
+                );
+                if discarded {
+                    self.metrics.incomplete.inc();
+                }
+                let Some(whole) = whole else {
                     return;
                 };
                 whole
@@ -504,69 +799,25 @@ impl Inbound {
         };
         self.metrics.messages_in.inc();
         self.metrics.bytes_in.inc_by(payload.len() as u64);
-        let stamp = header(STAMP).and_then(|s| s.parse::<u64>().ok());
-        let p = Publish {
-            id: None,
-            topic,
-            payload,
-            kind: match header(KIND).as_deref() {
-                Some("text") => PayloadKind::Text,
-                _ => PayloadKind::Binary,
-            },
-            content_type: header(CONTENT_TYPE),
-            stamp: stamp.is_some(),
-        };
-        if let Some(missed) = node.publish_remote(&p, &epoch, seq, stamp.unwrap_or_else(now_us)) {
+        let p = carried.publish(topic, payload);
+        let at = carried.stamp.unwrap_or_else(now_us);
+        if let Some(missed) = node.publish_remote(&p, &carried.epoch, carried.seq, at) {
             self.metrics.missed.inc_by(missed);
         }
     }
-
-    /// Adds chunk `i/n` (the `Herald-Chunk` header) and returns the message once whole. A chunk
-    /// out of order means one was lost: the partial message is discarded and counted.
-    fn reassemble(
-        &self,
-        origin: &str,
-        subject: &str,
-        seq: u64,
-        chunk: &str,
-        part: &Bytes,
-        limit: usize,
-    ) -> Option<Bytes> {
-        let (i, n) = chunk.split_once('/')?;
-        let (i, n): (usize, usize) = (i.parse().ok()?, n.parse().ok()?);
-        let mut partials = self.partial.lock();
-        let key = (origin.to_owned(), subject.to_owned());
-        let current = partials.get_mut(&key).filter(|p| p.seq == seq);
-        match current {
-            Some(p) if i < p.next => return None, // a duplicate (overlapping subscriptions)
-            Some(p) if i == p.next && p.buf.len() + part.len() <= limit => {
-                p.buf.extend_from_slice(part);
-                p.next += 1;
-            }
-            _ if i == 0 => {
-                if partials.remove(&key).is_some() {
-                    self.metrics.incomplete.inc();
-                }
-                let mut buf = BytesMut::with_capacity(part.len() * n);
-                buf.extend_from_slice(part);
-                partials.insert(key.clone(), Partial { seq, next: 1, buf });
-            }
-            _ => {
-                if partials.remove(&key).is_some() {
-                    self.metrics.incomplete.inc();
-                }
-                return None;
-            }
-        }
-        if partials.get(&key).is_some_and(|p| p.next == n) {
-            return partials.remove(&key).map(|p| p.buf.freeze());
-        }
-        None
-    }
 }
 
-/// Announces this node every [`HEARTBEAT`] and counts the nodes heard recently.
-async fn heartbeat(client: Client, prefix: String, node_id: String, metrics: Arc<ClusterMetrics>) {
+/// Announces this node every [`HEARTBEAT`] (its id and how many times it connected) and counts
+/// the nodes heard recently. A node heard after it reconnected rings `announce`: it may have
+/// missed this node's messages. (Announcements are kept in the JetStream stream like messages,
+/// so they are made only when needed.)
+async fn heartbeat(
+    client: Client,
+    prefix: String,
+    node_id: String,
+    metrics: Arc<ClusterMetrics>,
+    announce: Arc<Notify>,
+) {
     let subject = format!("{prefix}.nodes");
     let mut sub = loop {
         match client.subscribe(subject.clone()).await {
@@ -574,17 +825,29 @@ async fn heartbeat(client: Client, prefix: String, node_id: String, metrics: Arc
             Err(_) => tokio::time::sleep(HEARTBEAT).await,
         }
     };
-    let mut seen: HashMap<Bytes, Instant> = HashMap::new();
+    let mut seen: HashMap<String, (String, Instant)> = HashMap::new();
     let mut tick = tokio::time::interval(HEARTBEAT);
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let _ = client.publish(subject.clone(), Bytes::from(node_id.clone())).await;
-                seen.retain(|_, at| at.elapsed() < HEARTBEAT * 3);
+                let me = format!("{node_id} {}", metrics.connects.get());
+                let _ = client.publish(subject.clone(), Bytes::from(me)).await;
+                seen.retain(|_, (_, at)| at.elapsed() < HEARTBEAT * 3);
                 metrics.nodes_seen.set(seen.len() as i64 + 1);
             }
             Some(message) = sub.next() => {
-                seen.insert(message.payload, Instant::now());
+                let text = String::from_utf8_lossy(&message.payload);
+                let (id, connects) = text.split_once(' ').unwrap_or((&text, ""));
+                let before = seen.insert(id.to_owned(), (connects.to_owned(), Instant::now()));
+                // A node on its first connection holds nothing to fill in; a node that
+                // reconnected may have missed what was published meanwhile.
+                let rejoined = match before {
+                    Some((c, _)) => c != connects,
+                    None => connects != "1",
+                };
+                if rejoined {
+                    announce.notify_one();
+                }
             }
         }
     }

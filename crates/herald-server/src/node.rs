@@ -53,7 +53,7 @@ impl Node {
             broker = config
                 .nats
                 .clone()
-                .map(|nats| NatsBroker::new(nats, registry));
+                .map(|nats| NatsBroker::new(nats, &config.history, registry));
         });
         if broker.is_some() {
             engine.track_interest();
@@ -123,6 +123,10 @@ impl Node {
                 })
                 .await;
         }
+        let request = match (request, &self.broker) {
+            (Request::Subscribe(s), Some(broker)) => return broker.subscribe(self, conn, s).await,
+            (request, _) => request,
+        };
         let mut engine = self.engine.lock();
         let result = pending.collect(|| engine.handle(conn, request, now_us()));
         if let Some(broker) = &self.broker {

@@ -30,6 +30,7 @@ async fn stats_count_connections_messages_and_errors() {
     assert_eq!(s["deliveries"], 1);
     assert_eq!(s["errors"], json!({"invalid_topic": 1}));
     assert_eq!(s["dropped"], json!({}));
+    assert!(s["cluster"].is_null(), "a node alone: {s}");
     assert!(s["now_us"].as_u64().unwrap() > 1_700_000_000_000_000);
     server.stop().await;
 }

@@ -1,5 +1,6 @@
 //! `herald serve`.
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use herald_server::{Config, Server};
 use serde::Serialize;
@@ -46,14 +47,9 @@ struct Overrides {
     #[command(flatten)]
     #[serde(skip_serializing_if = "TlsOverrides::is_empty")]
     tls: TlsOverrides,
-    /// Join a cluster through this NATS server, e.g. nats://127.0.0.1:4222 (sets `nats.url`)
-    #[arg(long, value_name = "URL")]
-    #[serde(
-        rename = "nats",
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "nats_url"
-    )]
-    nats: Option<String>,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "NatsOverrides::is_empty")]
+    nats: NatsOverrides,
 }
 
 /// Flags for the `[tls]` section.
@@ -90,12 +86,24 @@ impl AuthOverrides {
     }
 }
 
-/// `--nats URL` overrides only the `url` of the `[nats]` table; its other keys stay.
-fn nats_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    let mut map = s.serialize_map(Some(1))?;
-    map.serialize_entry("url", url)?;
-    map.end()
+/// Flags for the `[nats]` section: each overrides only its own key, the others keep their file
+/// values.
+#[derive(Args, Serialize)]
+struct NatsOverrides {
+    /// Join a cluster through this NATS server, e.g. nats://127.0.0.1:4222 (nats.url)
+    #[arg(long = "nats", value_name = "URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    /// Keep durable history in NATS JetStream (nats.jetstream; see docs/cluster.md)
+    #[arg(long = "nats-jetstream")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    jetstream: bool,
+}
+
+impl NatsOverrides {
+    fn is_empty(&self) -> bool {
+        self.url.is_none() && !self.jetstream
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -117,17 +125,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
     herald_server::raise_open_file_limit();
+    // Before the listener exists: a SIGTERM as soon as herald accepts connections must already
+    // be a graceful stop, not the default (die).
+    let shutdown = shutdown_signal()?;
     let server = Server::bind(config).await?;
-    server.run(shutdown_signal()).await
+    server.run(shutdown).await
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("cannot install the SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
-    }
+/// Installs the Ctrl-C and SIGTERM handlers now; the future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }

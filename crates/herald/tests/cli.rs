@@ -504,6 +504,14 @@ fn serve_refuses_a_bad_config_and_a_busy_port() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+
+    // --nats-jetstream fills in [nats] only with `jetstream`: without a url it is explained.
+    let out = Command::new(HERALD)
+        .args(["serve", "--nats-jetstream"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[nats] needs a url"));
     std::fs::remove_dir_all(dir).unwrap();
 }
 

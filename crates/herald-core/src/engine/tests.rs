@@ -585,3 +585,151 @@ fn remote_messages_keep_their_numbers_and_holes_are_reported() {
     assert_eq!(remote(&mut e, "t", "e2", 3).published.seq, 3);
     assert_eq!(e.epoch_of("t"), Some("e2"));
 }
+
+fn recalled(topic: &str, epoch: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<Recalled> {
+    seqs.map(|seq| Recalled {
+        publish: Publish {
+            id: None,
+            topic: topic.into(),
+            payload: Bytes::from(format!("{epoch}:{seq}")),
+            kind: PayloadKind::Text,
+            content_type: None,
+            stamp: false,
+        },
+        seq,
+        at_us: 1_000,
+    })
+    .collect()
+}
+
+fn subscribe_since(e: &mut Engine<Inbox>, topic: &str, epoch: &str, seq: u64) -> Vec<Value> {
+    let (c, inbox) = client(e);
+    let sub = json!({"op":"sub","topic":topic,"since":{topic:{"seq":seq,"epoch":epoch}}});
+    req(e, c, &sub.to_string(), 1_000).unwrap();
+    inbox.take()
+}
+
+#[test]
+fn what_memory_cannot_answer_is_named() {
+    let mut e = engine();
+    e.track_interest();
+    let ask = |e: &Engine<Inbox>, json: &str| match decode_text(json).unwrap() {
+        Request::Subscribe(s) => e.unanswered(&s),
+        _ => unreachable!(),
+    };
+    let unknown = ask(
+        &e,
+        r#"{"op":"sub","topic":"t","since":{"t":{"seq":1,"epoch":"e1"}}}"#,
+    );
+    assert_eq!(unknown.since, ["t"]);
+    remote(&mut e, "t", "e1", 5);
+    remote(&mut e, "t", "e1", 6);
+    let held = r#"{"op":"sub","topic":"t","since":{"t":{"seq":4,"epoch":"e1"}}}"#;
+    assert!(ask(&e, held).is_empty(), "5 and 6 are held");
+    let older = r#"{"op":"sub","topic":"t","since":{"t":{"seq":2,"epoch":"e1"}}}"#;
+    assert_eq!(ask(&e, older).since, ["t"], "3 and 4 are not");
+    let ahead = r#"{"op":"sub","topic":"t","since":{"t":{"seq":9,"epoch":"e1"}}}"#;
+    assert_eq!(ask(&e, ahead).since, ["t"]);
+    let other = r#"{"op":"sub","topic":"t","since":{"t":{"seq":2,"epoch":"e0"}}}"#;
+    assert!(ask(&e, other).is_empty(), "epoch_changed is the answer");
+    assert!(ask(&e, r#"{"op":"sub","topic":"t","snapshot":true}"#).is_empty());
+    assert!(ask(&e, r#"{"op":"sub","topic":"u","snapshot":true}"#).snapshot);
+    assert!(ask(&e, r#"{"op":"sub","topic":"*","snapshot":true}"#).snapshot);
+}
+
+#[test]
+fn history_restored_from_a_store_joins_what_arrived_live() {
+    let mut e = engine();
+    // Nothing held: the store's messages become the history, under the origin's numbers.
+    e.restore("a", "e1", recalled("a", "e1", 3..=5));
+    let got = subscribe_since(&mut e, "a", "e1", 3);
+    assert_eq!(got[0]["recovered"], true, "{got:?}");
+    assert_eq!(data(&got), ["e1:4", "e1:5"]);
+    assert_eq!(
+        (got[2]["seq"].clone(), got[2]["epoch"].clone()),
+        (json!(5), json!("e1"))
+    );
+
+    // Live messages arrived while the store was read: both join into one run.
+    remote(&mut e, "b", "e1", 8);
+    remote(&mut e, "b", "e1", 9);
+    e.restore("b", "e1", recalled("b", "e1", 2..=8));
+    let got = subscribe_since(&mut e, "b", "e1", 5);
+    assert_eq!(got[0]["recovered"], true);
+    assert_eq!(data(&got), ["e1:6", "e1:7", "e1:8", "e1:9"]);
+
+    // A run that does not reach what is held is no use: the gap stays explicit.
+    remote(&mut e, "c", "e1", 8);
+    e.restore("c", "e1", recalled("c", "e1", 2..=5));
+    let got = subscribe_since(&mut e, "c", "e1", 3);
+    assert_eq!(got[0]["gaps"][0]["reason"], "history_trimmed");
+    assert_eq!(data(&got), ["e1:8"]);
+
+    // Another epoch held here is newer than the store: left alone.
+    remote(&mut e, "d", "e2", 1);
+    e.restore("d", "e1", recalled("d", "e1", 1..=5));
+    assert_eq!(e.epoch_of("d"), Some("e2"));
+
+    // The history rule still applies (default: 32 messages).
+    e.restore("f", "e1", recalled("f", "e1", 1..=40));
+    let got = subscribe_since(&mut e, "f", "e1", 0);
+    assert_eq!(
+        got[0]["gaps"][0],
+        json!({"topic":"f","reason":"history_trimmed","from":1,"to":8})
+    );
+    assert_eq!(got.len(), 33);
+
+    // And the last value is the newest message.
+    let (c, inbox) = client(&mut e);
+    req(&mut e, c, r#"{"op":"sub","topic":"b","snapshot":true}"#, 0).unwrap();
+    assert_eq!(data(&inbox.take()), ["e1:9"]);
+}
+
+#[test]
+fn topics_from_other_nodes_are_forgotten_when_no_longer_followed() {
+    let mut e = engine();
+    e.track_interest();
+    let (a, _) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"x/>"}"#, 0).unwrap();
+    req(&mut e, a, r#"{"op":"sub","topic":"x/a"}"#, 0).unwrap();
+    remote(&mut e, "x/a", "e1", 1);
+    remote(&mut e, "x/b", "e1", 1);
+    publish(&mut e, "x/mine", "1");
+    req(&mut e, a, r#"{"op":"unsub","topic":"x/>"}"#, 0).unwrap();
+    assert_eq!(e.epoch_of("x/b"), None, "x/b would go stale");
+    assert_eq!(e.epoch_of("x/a"), Some("e1"), "x/a is still followed");
+    assert!(e.epoch_of("x/mine").is_some(), "this node numbers x/mine");
+    // Held interest counts as following.
+    e.hold_interest("x/a");
+    req(&mut e, a, r#"{"op":"unsub","topic":"x/a"}"#, 0).unwrap();
+    assert_eq!(e.epoch_of("x/a"), Some("e1"));
+    e.release_interest("x/a");
+    assert_eq!(e.epoch_of("x/a"), None);
+}
+
+#[test]
+fn positions_announced_after_an_outage_reveal_holes_exactly() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"t/>"}"#, 0).unwrap();
+    remote(&mut e, "t/1", "e1", 4);
+    publish(&mut e, "t/mine", "1");
+    inbox.take();
+    let mine = e.epoch_of("t/mine").unwrap().to_owned();
+    assert_eq!(e.local_positions(), [("t/mine".into(), mine, 1)]);
+    assert_eq!(e.remote_reached("t/1", "e1", 4), 0, "nothing missed");
+    assert_eq!(
+        e.remote_reached("t/1", "e2", 9),
+        0,
+        "another epoch says nothing of this one"
+    );
+    assert_eq!(e.remote_reached("t/unknown", "e1", 9), 0, "not followed");
+    assert_eq!(e.remote_reached("t/1", "e1", 7), 3);
+    assert_eq!(
+        inbox.take(),
+        [json!({"op":"dropped","topic":"t/1","count":3,"reason":"remote"})]
+    );
+    // The next message follows the hole without a second notice.
+    assert_eq!(remote(&mut e, "t/1", "e1", 8).missed, 0);
+    assert_eq!(data(&inbox.take()), ["e1:8"]);
+}

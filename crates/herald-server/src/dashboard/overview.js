@@ -3,6 +3,7 @@
 
 import { lineChart } from "./chart.js";
 import { count, bytes, duration, fillKv } from "./format.js";
+import { showCluster } from "./cluster.js";
 
 const CAPACITY = 300; // one sample per second
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
@@ -58,6 +59,7 @@ function update(s) {
   fillKv($("s-dropped"), s.dropped);
   fillKv($("s-disconnects"), s.disconnects);
   fillKv($("s-errors"), s.errors);
+  showCluster(s.cluster ?? null, s.now_us);
   draw();
 }
 
