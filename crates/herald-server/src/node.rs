@@ -124,7 +124,11 @@ impl Node {
                 .await;
         }
         let request = match (request, &self.broker) {
-            (Request::Subscribe(s), Some(broker)) => return broker.subscribe(self, conn, s).await,
+            (Request::Subscribe(s), Some(broker)) => {
+                // It may wait for NATS: what this reader queued for others goes first.
+                pending.flush();
+                return broker.subscribe(self, conn, s).await;
+            }
             (request, _) => request,
         };
         let mut engine = self.engine.lock();
