@@ -542,6 +542,34 @@ fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Samples a process's RSS every 10 ms on a thread of its own; `stop` returns the peak.
+struct PeakRss {
+    sampling: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    fn start(pid: u32) -> PeakRss {
+        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let on = sampling.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while on.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_bytes(pid));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        });
+        PeakRss { sampling, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.sampling
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// A 2048² × 2-byte image whose every byte depends on its index, so corruption shows.
 fn image(index: u32) -> Vec<u8> {
     (0..2048 * 2048 * 2u32)
@@ -649,18 +677,7 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
         let fast = runtime.spawn(read(fast, Duration::ZERO));
         let slow = runtime.spawn(read(slow, Duration::from_millis(250)));
         let started = Instant::now();
-        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let sampler = {
-            let sampling = sampling.clone();
-            std::thread::spawn(move || {
-                let mut peak = 0;
-                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                    peak = peak.max(rss_bytes(pid));
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                peak
-            })
-        };
+        let sampler = PeakRss::start(pid);
         for img in images.iter() {
             assert!(http_publish(serve.port, topic, img).contains("200"));
         }
@@ -668,8 +685,7 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
         let (fast, fast_dropped) = runtime.block_on(fast).unwrap();
         let fast_secs = started.elapsed().as_secs_f64();
         let (slow, slow_dropped) = runtime.block_on(slow).unwrap();
-        sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-        peak = peak.max(sampler.join().unwrap());
+        peak = peak.max(sampler.stop());
         let expected: Vec<(u64, bool)> = (1..=IMAGES as u64).map(|s| (s, true)).collect();
         assert_eq!(
             (fast, fast_dropped),
@@ -776,6 +792,177 @@ fn sub_save_dir_writes_files_and_exec_runs_per_message() {
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&image);
     serve.stop();
+}
+
+/// A ping round trip: herald has handled every request sent before it once the pong is here.
+async fn round_trip(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    use futures_util::{SinkExt, StreamExt};
+    let ping = serde_json::json!({"op": "ping", "id": 1}).to_string();
+    ws.send(tokio_tungstenite::tungstenite::Message::text(ping))
+        .await
+        .unwrap();
+    while !ws
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .to_text()
+        .unwrap_or("")
+        .contains("pong")
+    {}
+}
+
+/// Memory bound: subscribers that never read, one `drop` and one `conflate`, while a publisher
+/// sends 40 times the outbound limit. The server's RSS must stay under a fixed overhead plus
+/// twice `max_outbound_bytes` per stuck subscriber: the queue is bounded by the limit, and the
+/// batch its writer already took from it (stuck in a write to the full socket) by the limit too
+/// (docs/semantics.md). An unbounded queue would hold everything published (320 MiB here).
+/// Then the subscribers read: the `drop` one gets whole messages plus notices whose counts make
+/// up exactly what was published; the `conflate` one ends on every topic's newest value.
+#[test]
+fn memory_stays_bounded_under_subscribers_that_never_read() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    const LIMIT: u64 = 8 << 20;
+    const SIZE: usize = 256 << 10;
+    const MESSAGES: u64 = 640; // per policy: 160 MiB each, 20 × the limit
+    const TOPICS: u64 = 16; // conflate topics: 16 × 256 KiB waiting fit in the limit
+    let config = std::env::temp_dir().join(format!("herald-mem-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "max_outbound_bytes = {LIMIT}\n[[history]]\npattern = \">\"\nmax_messages = 1\n\
+             [[policy]]\npattern = \"mem/drop/>\"\npolicy = \"drop\"\n\
+             [[policy]]\npattern = \"mem/conflate/>\"\npolicy = \"conflate\"\n\
+             [limits]\nmax_bytes_per_sec = 0\nmax_messages_per_sec = 0\n"
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start_with(&["--config", config.to_str().unwrap()], None);
+    let pid = serve.child.id();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let url = serve.url();
+    let (peak, baseline, drop_sub, conflate_sub) = runtime.block_on(async {
+        let connect = || tokio_tungstenite::connect_async(url.clone());
+        let mut publisher = connect().await.unwrap().0;
+        let mut subs = vec![];
+        for pattern in ["mem/drop/>", "mem/conflate/>"] {
+            let mut ws = connect().await.unwrap().0;
+            let req = serde_json::json!({"op": "sub", "topic": pattern}).to_string();
+            ws.send(Message::text(req)).await.unwrap();
+            let reply = ws.next().await.unwrap().unwrap();
+            assert!(reply.to_text().unwrap().contains("subscribed"), "{reply}");
+            subs.push(ws);
+        }
+        let frame = |topic: &str, i: u64| {
+            let head = serde_json::json!({"op": "pub", "topic": topic}).to_string();
+            let mut f = (head.len() as u32).to_be_bytes().to_vec();
+            f.extend_from_slice(head.as_bytes());
+            f.extend_from_slice(&i.to_be_bytes());
+            f.resize(4 + head.len() + SIZE, (i % 251) as u8);
+            Message::binary(f)
+        };
+        // Warm up the allocator and every topic once, then take the baseline.
+        publisher.send(frame("mem/drop/a", 0)).await.unwrap();
+        for t in 0..TOPICS {
+            publisher
+                .send(frame(&format!("mem/conflate/{t}"), 0))
+                .await
+                .unwrap();
+        }
+        round_trip(&mut publisher).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let baseline = rss_bytes(pid);
+        let sampler = PeakRss::start(pid);
+        for i in 1..=MESSAGES {
+            publisher.send(frame("mem/drop/a", i)).await.unwrap();
+            let topic = format!("mem/conflate/{}", i % TOPICS);
+            publisher.send(frame(&topic, i)).await.unwrap();
+            if i % 32 == 0 {
+                round_trip(&mut publisher).await;
+            }
+        }
+        round_trip(&mut publisher).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let peak = sampler.stop();
+        let conflate_sub = subs.pop().unwrap();
+        (peak, baseline, subs.pop().unwrap(), conflate_sub)
+    });
+    let grew = peak.saturating_sub(baseline);
+    eprintln!(
+        "never-reading drop + conflate subscribers, limit {} MiB, {} MiB published: server RSS {} MiB at rest, peak {} MiB (+{} MiB)",
+        LIMIT >> 20,
+        2 * MESSAGES * SIZE as u64 >> 20,
+        baseline >> 20,
+        peak >> 20,
+        grew >> 20
+    );
+    assert!(
+        grew < 2 * 2 * LIMIT + (16 << 20),
+        "RSS grew by {} MiB with two stuck subscribers and a {} MiB limit",
+        grew >> 20,
+        LIMIT >> 20
+    );
+    // Now they read. Every message of the drop topic is either received whole or announced.
+    let (received, dropped, whole) = runtime.block_on(async move {
+        let mut ws = drop_sub;
+        let (mut received, mut dropped, mut whole) = (0u64, 0u64, true);
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), ws.next()).await {
+            match m {
+                Message::Binary(b) => {
+                    let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                    let i = u64::from_be_bytes(b[4 + n..12 + n].try_into().unwrap());
+                    whole &= b.len() == 4 + n + SIZE && b[b.len() - 1] == (i % 251) as u8;
+                    received += 1;
+                }
+                Message::Text(t) => {
+                    let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                    assert_eq!(v["op"], "dropped", "{v}");
+                    dropped += v["count"].as_u64().unwrap();
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        (received, dropped, whole)
+    });
+    assert!(whole, "drop: every message whole");
+    assert!(dropped > 0, "drop: messages were dropped");
+    // (The warm-up message, then MESSAGES.)
+    assert_eq!(
+        received + dropped,
+        MESSAGES + 1,
+        "drop: received + announced = published"
+    );
+    let last = runtime.block_on(async move {
+        let mut ws = conflate_sub;
+        let mut last = std::collections::HashMap::new();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), ws.next()).await {
+            if let Message::Binary(b) = m {
+                let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                let head: serde_json::Value = serde_json::from_slice(&b[4..4 + n]).unwrap();
+                let seq = head["seq"].as_u64().unwrap();
+                let old = last.insert(head["topic"].as_str().unwrap().to_owned(), seq);
+                assert!(old.is_none_or(|o| o < seq), "conflate: never a stale value");
+            }
+        }
+        last
+    });
+    for t in 0..TOPICS {
+        // Topic t got the warm-up message (seq 1) and every i ≡ t (mod TOPICS).
+        let newest = 1 + (1..=MESSAGES).filter(|i| i % TOPICS == t).count() as u64;
+        assert_eq!(
+            last.get(&format!("mem/conflate/{t}")),
+            Some(&newest),
+            "conflate: topic {t} ends on its newest value"
+        );
+    }
+    let logs = serve.stop();
+    assert!(!logs.contains("slow consumer"), "{logs}");
+    let _ = std::fs::remove_file(config);
 }
 
 /// CPU seconds a process has used (utime + stime from /proc, at 100 ticks/s).
