@@ -896,7 +896,7 @@ fn memory_stays_bounded_under_subscribers_that_never_read() {
     eprintln!(
         "never-reading drop + conflate subscribers, limit {} MiB, {} MiB published: server RSS {} MiB at rest, peak {} MiB (+{} MiB)",
         LIMIT >> 20,
-        2 * MESSAGES * SIZE as u64 >> 20,
+        (2 * MESSAGES * SIZE as u64) >> 20,
         baseline >> 20,
         peak >> 20,
         grew >> 20
