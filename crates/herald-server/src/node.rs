@@ -75,7 +75,7 @@ impl Node {
     /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).
     pub async fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
         let result = self
-            .when_admitted(&p.topic, |engine| {
+            .when_admitted(&p.topic, p.payload.len(), |engine| {
                 let now = now_us();
                 let result = engine.publish(p, now);
                 if let Ok(published) = &result {
@@ -105,10 +105,10 @@ impl Node {
         request: Request,
     ) -> Result<Option<Published>, &'static str> {
         if let Request::Publish(p) = &request {
-            let topic = p.topic.clone();
+            let (topic, len) = (p.topic.clone(), p.payload.len());
             let publish = self.broker.is_some().then(|| p.clone());
             return self
-                .when_admitted(&topic, |engine| {
+                .when_admitted(&topic, len, |engine| {
                     let now = now_us();
                     let result = engine.handle(conn, request, now);
                     if let (Ok(Some(published)), Some(p)) = (&result, &publish) {
@@ -170,20 +170,21 @@ impl Node {
         }
     }
 
-    /// Runs `publish` under the engine lock once no `lossless` subscriber of `topic` is out of
-    /// credit, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
+    /// Runs `publish` (of a `len`-byte payload) under the engine lock once no `lossless`
+    /// subscriber of `topic` is out of credit for it, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
     /// subscribers, see [`Node::published`]). Only this publisher waits: its WebSocket reader or
     /// HTTP request, never the other publishers.
     pub async fn when_admitted<R>(
         &self,
         topic: &str,
+        len: usize,
         publish: impl FnOnce(&mut Engine<Arc<Connection>>) -> R,
     ) -> R {
         // Every publish comes through here and almost none is held: that case reads no clock
         // and registers no waiter on `released` (which takes its lock twice).
         {
             let mut engine = self.engine.lock();
-            if !engine.is_held(topic) {
+            if !engine.is_held(topic, len) {
                 return publish(&mut engine);
             }
         }
@@ -196,7 +197,7 @@ impl Node {
             released.as_mut().enable();
             {
                 let mut engine = self.engine.lock();
-                if !engine.is_held(topic) || Instant::now() >= deadline {
+                if !engine.is_held(topic, len) || Instant::now() >= deadline {
                     return publish(&mut engine);
                 }
             }

@@ -296,6 +296,7 @@ async fn run_subscriber(
                         id: None,
                         topic: pattern.clone(),
                         n: 1,
+                        bytes: 0,
                     };
                     let _ = node.engine.lock().handle(id, credit, now_us());
                     node.released.notify_waiters();
