@@ -67,7 +67,7 @@ pub struct PolicyReport {
     pub last_seq: HashMap<String, u64>,
     /// How the connection ended, when it was not our doing.
     pub errors: Vec<String>,
-    /// CPU seconds its thread used (what it cost the bench's cores).
+    /// CPU seconds its thread used (what it cost the bench's cores), up to a drain.
     pub cpu_s: f64,
 }
 
@@ -76,6 +76,8 @@ pub struct PolicySub {
     /// Deliveries so far (live, for rates over a window).
     pub received: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// Set by [`PolicySub::drain`]: read at full speed from now on.
+    unpaced: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<PolicyReport>>,
 }
 
@@ -85,19 +87,38 @@ impl PolicySub {
         let received = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready) = mpsc::channel();
-        let (r, s) = (received.clone(), stop.clone());
+        let unpaced = Arc::new(AtomicBool::new(false));
+        let (r, s, u) = (received.clone(), stop.clone(), unpaced.clone());
         let thread = std::thread::Builder::new()
             .name("bench-policy-sub".into())
-            .spawn(move || run(spec, r, s, ready_tx))?;
+            .spawn(move || run(spec, r, s, u, ready_tx))?;
         match ready.recv_timeout(Duration::from_secs(10)) {
             Ok(Ok(())) => Ok(PolicySub {
                 received,
                 stop,
+                unpaced,
                 thread: Some(thread),
             }),
             Ok(Err(e)) => Err(e),
             Err(_) => bail!("the policy subscriber was not subscribed within 10 s"),
         }
+    }
+
+    /// Reads what herald still has queued for it at full speed, until nothing more arrives for
+    /// `quiet` or `max` has passed, then stops: the `dropped` notices still queued behind a
+    /// slow subscriber's backlog are read too, so its counts add up to what was published.
+    pub fn drain(self, quiet: Duration, max: Duration) -> PolicyReport {
+        self.unpaced.store(true, Relaxed);
+        let t0 = Instant::now();
+        let mut last = (self.received.load(Relaxed), Instant::now());
+        while t0.elapsed() < max && last.1.elapsed() < quiet {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.received.load(Relaxed);
+            if now != last.0 {
+                last = (now, Instant::now());
+            }
+        }
+        self.stop()
     }
 
     /// Stops reading and returns what it saw.
@@ -142,6 +163,7 @@ fn run(
     spec: PolicySpec,
     received: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    unpaced: Arc<AtomicBool>,
     ready: mpsc::Sender<Result<()>>,
 ) -> PolicyReport {
     let mut report = PolicyReport::default();
@@ -158,8 +180,12 @@ fn run(
     let mut tracks: HashMap<String, TopicTrack> = HashMap::new();
     let pace = (spec.read_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / spec.read_rate));
     let mut next_read = Instant::now();
+    let mut cpu_before_drain = None;
     while !stop.load(Relaxed) {
-        if let Some(pace) = pace {
+        if unpaced.load(Relaxed) && cpu_before_drain.is_none() {
+            cpu_before_drain = Some(crate::sys::thread_cpu_seconds());
+        }
+        if let Some(pace) = pace.filter(|_| !unpaced.load(Relaxed)) {
             // Not reading is what makes this subscriber slow: its socket fills up, then its
             // queue in herald, and its policy acts.
             let now = Instant::now();
@@ -230,6 +256,6 @@ fn run(
     }
     let _ = ws.close(None);
     let _ = ws.flush();
-    report.cpu_s = crate::sys::thread_cpu_seconds();
+    report.cpu_s = cpu_before_drain.unwrap_or_else(crate::sys::thread_cpu_seconds);
     report
 }

@@ -460,7 +460,7 @@ fn images_table(o: &mut String, r: &RunReport) {
     if slow {
         let _ = write!(
             o,
-            " slow subscribers | slow: images/s each | slow: dropped (announced) | slow: lost / stale / cut |"
+            " slow subscribers | slow: images/s each | slow: dropped (announced) | slow: lost / unaccounted / stale / cut |"
         );
     }
     let _ = writeln!(o, " notes |");
@@ -505,7 +505,7 @@ fn images_table(o: &mut String, r: &RunReport) {
             let x = |k: &str| s.extra.get(k).map(value_str).unwrap_or_else(|| "0".into());
             let _ = write!(
                 o,
-                " {} | {:.1} | {} | {} / {} / {} |",
+                " {} | {:.1} | {} | {} / {} / {} / {} |",
                 x("slow_clients"),
                 s.extra
                     .get("slow_images_per_s")
@@ -513,6 +513,7 @@ fn images_table(o: &mut String, r: &RunReport) {
                     .unwrap_or(0.0),
                 x("slow_dropped"),
                 x("slow_lost"),
+                x("slow_unaccounted"),
                 x("slow_stale"),
                 x("slow_wrong_size"),
             );
