@@ -20,6 +20,7 @@ import time
 import pytest
 import requests
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 
 from test_protocol import Herald, run_async
 
@@ -91,6 +92,33 @@ def test_admin_streams_list_create_delete(herald):
     assert requests.delete(f"{base}/admin1", timeout=STEP).status_code == 404
     assert requests.get(base, timeout=STEP).json() == []
     assert post_image(herald, "admin1", b"xx") == 404
+
+
+@run_async
+async def test_deleting_a_stream_closes_its_subscribers(herald):
+    """A subscriber idle between images and one that has not acknowledged its image yet are both
+    told, with a close 1001, once their stream is deleted; the busy one gets its image whole."""
+    base = f"{herald.http}/vbds/admin/streams"
+    assert requests.post(f"{base}/gone?contentType=image/fits", timeout=STEP).status_code == 200
+    url = f"ws://127.0.0.1:{herald.port}/vbds/access/streams/gone"
+    async with ws_connect(url, max_size=None) as busy, ws_connect(url, max_size=None) as idle:
+        await asyncio.sleep(0.2)  # the server registers the subscribers after the handshake
+        assert await asyncio.to_thread(post_image, herald, "gone", image(1)) == 202
+        parts = []
+        while (msg := await asyncio.wait_for(busy.recv(), STEP)) != b"\n":
+            parts.append(msg)
+        assert b"".join(parts) == image(1)
+        # `idle` acknowledges its image; `busy` does not.
+        while await asyncio.wait_for(idle.recv(), STEP) != b"\n":
+            pass
+        await idle.send("ack")
+        await asyncio.sleep(0.1)
+        assert requests.delete(f"{base}/gone", timeout=STEP).status_code == 200
+        for ws in (busy, idle):
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), STEP)
+            assert ws.close_code == 1001
+            assert ws.close_reason == "stream gone deleted"
 
 
 @run_async

@@ -36,6 +36,8 @@ export { topicMatches };
  * @property {Policy} [policy]  What herald does when this subscriber falls behind.
  * @property {number} [maxRate]  `conflate`: at most this many messages per second per topic.
  * @property {number} [window]  `lossless`: messages granted before the first credit.
+ * @property {number} [windowBytes]  `lossless`: payload bytes granted before the first credit
+ *   (a byte window; each handled message grants its payload size back).
  *
  * @typedef {object} PublishOptions
  * @property {string} [ct]  Content type; defaults to `application/json` for JSON values and to a
@@ -269,7 +271,8 @@ export class HeraldClient {
     this.pending = new Map();
     /** Subscriptions by pattern. @type {Map<string, Set<Subscription>>} */
     this.patterns = new Map();
-    /** Lossless credits waiting to be sent, by pattern. @type {Map<string, number>} */
+    /** Lossless credits waiting to be sent, by pattern: messages and payload bytes.
+     * @type {Map<string, {n: number, bytes: number}>} */
     this.credits = new Map();
     /** Message frames still to come that herald announced as replayed (snapshot or `since`) in
      * a `subscribed` reply: they spent no lossless credit, so none is granted back for them. */
@@ -534,6 +537,7 @@ export class HeraldClient {
       if (o.policy) body.policy = o.policy;
       if (o.maxRate !== undefined) body.max_rate = o.maxRate;
       if (o.window !== undefined) body.window = o.window;
+      if (o.windowBytes !== undefined) body.window_bytes = o.windowBytes;
       for (const [topic, pos] of s.positions) {
         const have = since[topic];
         if (!have || (have.epoch === pos.epoch && pos.seq < have.seq)) since[topic] = pos;
@@ -636,7 +640,8 @@ export class HeraldClient {
       case "msg": {
         const replayed = this.replayedToCome > 0;
         if (replayed) this.replayedToCome -= 1;
-        return this.deliver(new Message(head, payload ?? head.data), replayed);
+        const body = payload ?? head.data;
+        return this.deliver(new Message(head, body), replayed, body);
       }
       case "dropped":
         return this.emit("dropped", { topic: head.topic, count: head.count, reason: head.reason });
@@ -677,8 +682,10 @@ export class HeraldClient {
    * that pattern finished with the message. Replayed messages spent none and earn none.
    * @param {Message} m
    * @param {boolean} replayed  Part of a snapshot or `since` replay.
+   * @param {string | Uint8Array} [body]  The payload as received (its size is the byte credit
+   *   a byte window grants back).
    */
-  deliver(m, replayed) {
+  deliver(m, replayed, body) {
     const ws = this.ws;
     /** @type {string | undefined} */
     let charged;
@@ -700,7 +707,8 @@ export class HeraldClient {
     }
     if (charged !== undefined) {
       const pattern = charged;
-      void Promise.all(handled).then(() => this.credit(pattern, ws));
+      const bytes = hasByteWindow(this.patterns.get(pattern)) ? payloadBytes(body) : 0;
+      void Promise.all(handled).then(() => this.credit(pattern, ws, bytes));
     }
   }
 
@@ -716,22 +724,31 @@ export class HeraldClient {
   }
 
   /**
-   * Grants herald one more message on the lossless subscription to `pattern`. Credits are
-   * batched: those earned in one turn of the event loop go out as one `credit` request. A
-   * message that came on an earlier connection earns nothing: a resubscription starts with a
-   * fresh window.
+   * Grants herald one more message (and its `bytes` of payload, with a byte window) on the
+   * lossless subscription to `pattern`. Credits are batched: those earned in one turn of the
+   * event loop go out as one `credit` request. A message that came on an earlier connection
+   * earns nothing: a resubscription starts with a fresh window.
    * @param {string} pattern
    * @param {WebSocket | null} ws  The connection the message came on.
+   * @param {number} bytes
    */
-  credit(pattern, ws) {
+  credit(pattern, ws, bytes) {
     if (ws !== this.ws || this.state !== "open" || !this.patterns.has(pattern)) return;
-    const owed = this.credits.get(pattern) ?? 0;
-    this.credits.set(pattern, owed + 1);
-    if (owed > 0) return;
+    const owed = this.credits.get(pattern);
+    if (owed) {
+      owed.n += 1;
+      owed.bytes += bytes;
+      return;
+    }
+    this.credits.set(pattern, { n: 1, bytes });
     queueMicrotask(() => {
-      const n = this.credits.get(pattern);
+      const c = this.credits.get(pattern);
       this.credits.delete(pattern);
-      if (n && this.ws === ws) this.send({ op: "credit", topic: pattern, n });
+      if (!c || this.ws !== ws) return;
+      /** @type {Record<string, any>} */
+      const body = { op: "credit", topic: pattern, n: c.n };
+      if (c.bytes > 0) body.bytes = c.bytes;
+      this.send(body);
     });
   }
 }
@@ -739,6 +756,20 @@ export class HeraldClient {
 /** @param {Subscription} sub */
 function isLossless(sub) {
   return sub.options.policy === "lossless";
+}
+
+/** Whether a pattern's lossless subscription asked for a byte window.
+ * @param {Set<Subscription> | undefined} subs */
+function hasByteWindow(subs) {
+  return [...(subs ?? [])].some((s) => isLossless(s) && s.options.windowBytes !== undefined);
+}
+
+/** What herald counts against a byte window: a text message's `data` in UTF-8 bytes, a binary
+ * message's bytes after the header.
+ * @param {string | Uint8Array | undefined} body */
+function payloadBytes(body) {
+  if (body === undefined) return 0;
+  return typeof body === "string" ? encoder.encode(body).length : body.byteLength;
 }
 
 /** The longest delay `setTimeout` takes (2³¹−1 ms, about 24.8 days); longer ones fire at once. */

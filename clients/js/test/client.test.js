@@ -346,6 +346,49 @@ test("lossless: herald never has more than `window` messages outstanding; credit
   assert.deepEqual(errors, [], "herald accepted every credit");
 });
 
+test("lossless windowBytes: herald never has more payload bytes outstanding than granted; credit grants back what was handled", async (t) => {
+  const WINDOW_BYTES = 3000;
+  const sizes = Array.from({ length: 24 }, (_, i) => [1000, 700, 300, 1200][i % 4]);
+  const c = client(t);
+  const publisher = client(t);
+  const errors = [];
+  c.on("error", (e) => errors.push(e));
+  await c.whenOpen();
+  // Payload bytes that arrived minus bytes credited: what herald has outstanding.
+  let arrived = 0;
+  let credited = 0;
+  let maxOutstanding = 0;
+  const receive = c.receive.bind(c);
+  c.receive = (raw) => {
+    const head = typeof raw === "string" ? JSON.parse(raw) : null;
+    if (head?.op === "msg") {
+      arrived += new TextEncoder().encode(head.data).length;
+      maxOutstanding = Math.max(maxOutstanding, arrived - credited);
+    }
+    receive(raw);
+  };
+  const send = c.send.bind(c);
+  c.send = (body, binary) => {
+    if (body.op === "credit") credited += body.bytes ?? 0;
+    send(body, binary);
+  };
+  const got = [];
+  await c.subscribe("sdk/llb/>", async (m) => {
+    got.push(m.data);
+    await sleep(5);
+  }, { policy: "lossless", windowBytes: WINDOW_BYTES }).ready;
+  // Multi-byte characters: bytes, not characters, are counted.
+  const payloads = sizes.map((n, i) => String(i).padStart(4, "0") + "é".repeat((n - 4) / 2));
+  const acks = await Promise.all(payloads.map((p) => publisher.publish("sdk/llb/x", p)));
+  assert.equal(acks.length, sizes.length);
+  await until(() => got.length === sizes.length, () => `all messages (got ${got.length})`, 15_000);
+  await until(() => credited === arrived, () => `credit for every byte (${credited} of ${arrived})`);
+  assert.deepEqual(got, payloads, "each message once, in order");
+  assert.ok(maxOutstanding <= WINDOW_BYTES, `at most ${WINDOW_BYTES} bytes outstanding, saw ${maxOutstanding}`);
+  assert.ok(maxOutstanding > WINDOW_BYTES - 1200, `the byte window was used (${maxOutstanding})`);
+  assert.deepEqual(errors, [], "herald accepted every credit");
+});
+
 test("lossless: a subscriber that goes away releases the held publisher; a stuck one is cut after the hold timeout", async (t) => {
   const HOLD_MS = 2000;
   const h = await heraldWith(t, `lossless_hold_timeout_ms = ${HOLD_MS}\n`);

@@ -47,6 +47,8 @@ export { topicMatches };
  * @property {Policy} [policy]  What herald does when this subscriber falls behind.
  * @property {number} [maxRate]  `conflate`: at most this many messages per second per topic.
  * @property {number} [window]  `lossless`: messages granted before the first credit.
+ * @property {number} [windowBytes]  `lossless`: payload bytes granted before the first credit
+ *   (a byte window; each handled message grants its payload size back).
  *
  * @typedef {object} PublishOptions
  * @property {string} [ct]  Content type; defaults to `application/json` for JSON values and to a
@@ -236,8 +238,12 @@ export class HeraldClient {
     }>;
     /** Subscriptions by pattern. @type {Map<string, Set<Subscription>>} */
     patterns: Map<string, Set<Subscription>>;
-    /** Lossless credits waiting to be sent, by pattern. @type {Map<string, number>} */
-    credits: Map<string, number>;
+    /** Lossless credits waiting to be sent, by pattern: messages and payload bytes.
+     * @type {Map<string, {n: number, bytes: number}>} */
+    credits: Map<string, {
+        n: number;
+        bytes: number;
+    }>;
     /** Message frames still to come that herald announced as replayed (snapshot or `since`) in
      * a `subscribed` reply: they spent no lossless credit, so none is granted back for them. */
     replayedToCome: number;
@@ -347,20 +353,23 @@ export class HeraldClient {
      * that pattern finished with the message. Replayed messages spent none and earn none.
      * @param {Message} m
      * @param {boolean} replayed  Part of a snapshot or `since` replay.
+     * @param {string | Uint8Array} [body]  The payload as received (its size is the byte credit
+     *   a byte window grants back).
      */
-    deliver(m: Message, replayed: boolean): void;
+    deliver(m: Message, replayed: boolean, body?: string | Uint8Array): void;
     /** Runs a handler; its exceptions become `error` events rather than stopping delivery.
      * @param {Subscription} sub @param {Message} m */
     run(sub: Subscription, m: Message): Promise<void>;
     /**
-     * Grants herald one more message on the lossless subscription to `pattern`. Credits are
-     * batched: those earned in one turn of the event loop go out as one `credit` request. A
-     * message that came on an earlier connection earns nothing: a resubscription starts with a
-     * fresh window.
+     * Grants herald one more message (and its `bytes` of payload, with a byte window) on the
+     * lossless subscription to `pattern`. Credits are batched: those earned in one turn of the
+     * event loop go out as one `credit` request. A message that came on an earlier connection
+     * earns nothing: a resubscription starts with a fresh window.
      * @param {string} pattern
      * @param {WebSocket | null} ws  The connection the message came on.
+     * @param {number} bytes
      */
-    credit(pattern: string, ws: WebSocket | null): void;
+    credit(pattern: string, ws: WebSocket | null, bytes: number): void;
 }
 export type ConnectionState = "connecting" | "open" | "reconnecting" | "closed";
 /**
@@ -417,6 +426,11 @@ export type SubscribeOptions = {
      * `lossless`: messages granted before the first credit.
      */
     window?: number | undefined;
+    /**
+     * `lossless`: payload bytes granted before the first credit
+     * (a byte window; each handled message grants its payload size back).
+     */
+    windowBytes?: number | undefined;
 };
 export type PublishOptions = {
     /**

@@ -8,6 +8,8 @@
 //!   each subscriber holds. Pure arithmetic.
 //! - [`publish`]  — publisher connections: one thread each, blocking client, precise pacing.
 //! - [`load`]     — subscriber connections: a pool of WebSocket clients on one event-loop thread.
+//! - [`policy_sub`] — subscribers with a slow-consumer policy, one thread each (slow image
+//!   readers, conflating wildcard subscribers), checking what the policy promises.
 //! - [`group`]    — pools in this process or in worker processes (past ~19,000 connections).
 //! - [`wire`]     — the native protocol's frames, and cheap parsing of deliveries.
 //! - [`integrity`] — lost / duplicate / out-of-order / discard accounting per subscriber+topic.
@@ -22,6 +24,7 @@
 pub mod group;
 pub mod integrity;
 pub mod load;
+pub mod policy_sub;
 pub mod publish;
 pub mod report;
 pub mod runner;
@@ -224,9 +227,18 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let steps = scenario.steps(&overrides, collapse)?;
 
     let spawn = args.spawn || args.spawn_bin.is_some();
+    let config_file = (spawn && !scenario.server_config.is_empty())
+        .then(|| std::env::temp_dir().join(format!("herald-bench-{}.toml", std::process::id())));
+    if let Some(path) = &config_file {
+        std::fs::write(path, &scenario.server_config)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let server = if spawn {
         let bin = args.spawn_bin.clone();
         let mut sargs = scenario.server_args.clone();
+        if let Some(path) = &config_file {
+            sargs.extend(["--config".into(), path.display().to_string()]);
+        }
         sargs.extend(args.server_args.iter().cloned());
         let pin = !args.no_pin;
         Some(tokio::task::spawn_blocking(move || spawn::Server::start(bin, &sargs, pin)).await??)
@@ -277,11 +289,17 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             stop.store(true, Relaxed);
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), job).await;
             drop(server);
+            if let Some(path) = &config_file {
+                let _ = std::fs::remove_file(path);
+            }
             anyhow::bail!("interrupted (Ctrl-C); the spawned server, if any, was stopped");
         }
     };
-    let (steps, summary) = result?;
     drop(server);
+    if let Some(path) = &config_file {
+        let _ = std::fs::remove_file(path);
+    }
+    let (steps, summary) = result?;
 
     let report = RunReport {
         scenario: scenario.name.clone(),

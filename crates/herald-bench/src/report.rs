@@ -253,6 +253,7 @@ pub fn markdown(r: &RunReport) -> String {
         Kind::ProxyLatency => proxy_tables(&mut o, r),
         Kind::StockExchange => stock_table(&mut o, r),
         Kind::Images => images_table(&mut o, r),
+        Kind::Conflation => conflation_table(&mut o, r),
     }
     for (k, v) in &r.summary {
         let _ = writeln!(o, "- {k}: {}", value_str(v));
@@ -451,11 +452,23 @@ fn stock_table(o: &mut String, r: &RunReport) {
 }
 
 fn images_table(o: &mut String, r: &RunReport) {
+    let slow = r.steps.iter().any(|s| s.extra.contains_key("slow_clients"));
+    let _ = write!(
+        o,
+        "| Image Size | subscribers | images | Images/Sec (hz) | MB/s (to each subscriber) | Min (ms) | Max (ms) | Average (ms) | lost |"
+    );
+    if slow {
+        let _ = write!(
+            o,
+            " slow subscribers | slow: images/s each | slow: dropped (announced) | slow: lost / unaccounted / stale / cut |"
+        );
+    }
+    let _ = writeln!(o, " notes |");
     let _ = writeln!(
         o,
-        "| Image Size | subscribers | images | Images/Sec (hz) | MB/s (to each subscriber) | Min (ms) | Max (ms) | Average (ms) | lost | notes |"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|{}---|",
+        if slow { "---:|---:|---:|---|" } else { "" }
     );
-    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for s in &r.steps {
         let side = s
             .extra
@@ -479,14 +492,77 @@ fn images_table(o: &mut String, r: &RunReport) {
             .and_then(|v| v.as_f64())
             .unwrap_or(0.0);
         let l = &s.latency_us;
-        let _ = writeln!(
+        let _ = write!(
             o,
-            "| {side} x {side} x {bpp} | {} | {n} | {ips:.1} | {mbps:.1} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            "| {side} x {side} x {bpp} | {} | {n} | {ips:.1} | {mbps:.1} | {:.3} | {:.3} | {:.3} | {} |",
             s.clients,
             l.min / 1000.0,
             l.max / 1000.0,
             l.mean / 1000.0,
             s.lost,
+        );
+        if slow {
+            let x = |k: &str| s.extra.get(k).map(value_str).unwrap_or_else(|| "0".into());
+            let _ = write!(
+                o,
+                " {} | {:.1} | {} | {} / {} / {} / {} |",
+                x("slow_clients"),
+                s.extra
+                    .get("slow_images_per_s")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0),
+                x("slow_dropped"),
+                x("slow_lost"),
+                x("slow_unaccounted"),
+                x("slow_stale"),
+                x("slow_wrong_size"),
+            );
+        }
+        let _ = writeln!(o, " {} |", flags(s));
+    }
+    let _ = writeln!(o);
+}
+
+/// Issue 5's conflation run: what the policy subscribers receive per topic, and what it costs.
+fn conflation_table(o: &mut String, r: &RunReport) {
+    let _ = writeln!(
+        o,
+        "| subscribers | topics | publishers | publish rate (target) | per topic | policy, max_rate | received msg/s per topic | stale | topics ending on their newest value | lost | announced superseded | herald CPU | bench CPU | notes |"
+    );
+    let _ = writeln!(
+        o,
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for s in &r.steps {
+        let f = |k: &str| s.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let policy = s
+            .extra
+            .get("policy")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let subscribed = s.clients > 0;
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {:.0} ({:.0}) | {:.0} | {}, {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} |",
+            s.clients,
+            s.topics,
+            s.publishers,
+            s.publish_rate,
+            s.publish_expected,
+            s.publish_rate / s.topics.max(1) as f64,
+            if policy.is_empty() { "default" } else { policy },
+            f("max_rate"),
+            if subscribed { format!("{:.2}", f("per_topic_per_s")) } else { "-".into() },
+            if subscribed { format!("{}", f("stale")) } else { "-".into() },
+            if subscribed {
+                format!("{} of {}", f("topics_newest_last"), s.topics)
+            } else {
+                "-".into()
+            },
+            s.lost,
+            s.discarded,
+            server_cpu(s),
+            s.bench_cpu_cores * 100.0,
             flags(s)
         );
     }
@@ -770,6 +846,7 @@ mod tests {
             Kind::ProxyLatency,
             Kind::StockExchange,
             Kind::Images,
+            Kind::Conflation,
         ] {
             assert!(!markdown(&report(k)).is_empty());
         }

@@ -3,6 +3,7 @@
 //! threads of their own, and this code sequences them: connect, subscribe, publish, warm up,
 //! measure, stop, drain, collect.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use serde_json::json;
 
 use crate::group::{self, Group};
 use crate::load::{ClientSpec, Snapshot, TraderSpec};
+use crate::policy_sub::{PolicyReport, PolicySpec, PolicySub};
 use crate::publish::{PubSpec, Publisher, WaitFor};
 use crate::report::{Progress, StepResult};
 use crate::scenario::{Kind, Params, Step};
@@ -129,6 +131,13 @@ pub fn run_all(
         Kind::Images => {
             for (i, s) in steps.iter().enumerate() {
                 let r = images_step(ctx, &s.params, &format!("step {}/{}", i + 1, steps.len()))?;
+                results.push(finish(ctx, s, r));
+            }
+        }
+        Kind::Conflation => {
+            for (i, s) in steps.iter().enumerate() {
+                let label = format!("step {}/{}", i + 1, steps.len());
+                let r = conflation_step(ctx, &s.params, &label)?;
                 results.push(finish(ctx, s, r));
             }
         }
@@ -346,26 +355,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let topics = topic_names(&p.topic_prefix, t, p);
     let spread = Spread::new(t, p.subs_per_client);
     let go = Arc::new(AtomicBool::new(false));
-    let mut pubs = vec![];
-    for i in 0..p.publishers {
-        pubs.push(Publisher::start(
-            PubSpec {
-                url: ctx.url.clone(),
-                topics: topics.clone(),
-                spread,
-                index: i,
-                stride: p.publishers,
-                schedule: Schedule::new(p.rate / p.publishers as f64, None),
-                payload: p.payload as usize,
-                binary: p.binary,
-                stamp: p.stamp,
-                text: None,
-                max_message,
-                wait_for: None,
-            },
-            go.clone(),
-        )?);
-    }
+    let pubs = paced_publishers(ctx, p, &topics, spread, max_message, &go)?;
     let mut discard = vec![];
     if p.discard_rate > 0.0 {
         let dp = p.discard_publishers.max(1);
@@ -456,6 +446,39 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         );
     }
     Ok(r)
+}
+
+/// The `publishers` connections sharing `rate` over `topics` in `spread` order; they start
+/// sending when `go` is set.
+fn paced_publishers(
+    ctx: &Ctx,
+    p: &Params,
+    topics: &Arc<Vec<String>>,
+    spread: Spread,
+    max_message: usize,
+    go: &Arc<AtomicBool>,
+) -> Result<Vec<Publisher>> {
+    (0..p.publishers)
+        .map(|i| {
+            Publisher::start(
+                PubSpec {
+                    url: ctx.url.clone(),
+                    topics: topics.clone(),
+                    spread,
+                    index: i,
+                    stride: p.publishers,
+                    schedule: Schedule::new(p.rate / p.publishers as f64, None),
+                    payload: p.payload as usize,
+                    binary: p.binary,
+                    stamp: p.stamp,
+                    text: None,
+                    max_message,
+                    wait_for: None,
+                },
+                go.clone(),
+            )
+        })
+        .collect()
 }
 
 fn spread_fanout(p: &Params) -> f64 {
@@ -753,6 +776,21 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let Group::Local(pool) = &groups[0] else {
         bail!("images run in one process")
     };
+    // The slow subscribers, each on a thread of its own (not the fast pool's): the publisher
+    // waits for the fast subscribers only.
+    let slow = (0..p.slow_clients)
+        .map(|_| {
+            PolicySub::start(PolicySpec {
+                url: ctx.url.clone(),
+                pattern: p.topic(0),
+                policy: p.policy.clone(),
+                max_rate: p.max_rate,
+                read_rate: p.read_rate,
+                expect_len: Some(bytes.max(16)),
+                max_message,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let go = Arc::new(AtomicBool::new(false));
     let publ = Publisher::start(
         PubSpec {
@@ -802,11 +840,19 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let (my_cpu, _) = cpu.read();
+    let server_cpu = cpu.server_cores();
     let delivered = pool.shared.received.load(Relaxed);
+    // The slow subscribers now read the rest of their backlog at full speed, so every image is
+    // either received or announced as dropped.
+    let slow_in_run: u64 = slow.iter().map(|s| s.received.load(Relaxed)).sum();
+    let slow: Vec<PolicyReport> = slow
+        .into_iter()
+        .map(|s| s.drain(Duration::from_millis(500), Duration::from_secs(10)))
+        .collect();
     let closed = group::progress(&groups).closed;
     let snap = shutdown_all(groups)?;
     let mut r = base_result(ctx, &p, &snap, elapsed, my_cpu);
-    r.server_cpu_cores = cpu.server_cores();
+    r.server_cpu_cores = server_cpu;
     let full = delivered / p.clients.max(1);
     r.publish_rate = sent_images as f64 / elapsed;
     r.publish_expected = r.publish_rate;
@@ -825,7 +871,202 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         json!(full as f64 * bytes as f64 / elapsed / 1e6),
     );
     r.extra.insert("wait_timeouts".into(), json!(timeouts));
+    if !slow.is_empty() {
+        let mut c = crate::integrity::Counts::default();
+        for s in &slow {
+            c.add(&s.counts);
+            r.errors.extend(s.errors.iter().cloned());
+        }
+        let n = slow.len() as f64;
+        r.extra.insert("slow_clients".into(), json!(slow.len()));
+        r.extra.insert("slow_images".into(), json!(c.received));
+        r.extra.insert(
+            "slow_images_per_s".into(),
+            json!(slow_in_run as f64 / n / elapsed),
+        );
+        r.extra.insert("slow_dropped".into(), json!(c.discarded));
+        // Published images neither received nor announced (0 when the policy keeps its word).
+        r.extra.insert(
+            "slow_unaccounted".into(),
+            json!((sent_images * slow.len() as u64).saturating_sub(c.received + c.discarded)),
+        );
+        r.extra.insert("slow_lost".into(), json!(c.lost));
+        r.extra.insert(
+            "slow_stale".into(),
+            json!(slow.iter().map(|s| s.stale).sum::<u64>()),
+        );
+        r.extra.insert(
+            "slow_cpu_cores".into(),
+            json!(slow.iter().map(|s| s.cpu_s).sum::<f64>() / elapsed),
+        );
+        r.extra.insert(
+            "slow_wrong_size".into(),
+            json!(slow.iter().map(|s| s.wrong_size).sum::<u64>()),
+        );
+    }
     Ok(r)
+}
+
+/// Issue 5: `clients` policy subscribers on `{topic_prefix}/>` with `policy` and `max_rate`, P
+/// publishers at a total `rate` round-robin over T topics. Reports what each subscriber gets
+/// per topic per second, stale deliveries, whether every topic's last delivery was its newest
+/// value (checked against herald's own last values), and herald's CPU.
+fn conflation_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
+    let t = p.topic_count();
+    let topics = topic_names(&p.topic_prefix, t, p);
+    let pattern = format!("{}/>", p.topic_prefix);
+    let max_message = 1 << 20;
+    let subs = (0..p.clients)
+        .map(|_| {
+            PolicySub::start(PolicySpec {
+                url: ctx.url.clone(),
+                pattern: pattern.clone(),
+                policy: p.policy.clone(),
+                max_rate: p.max_rate,
+                read_rate: 0.0,
+                expect_len: None,
+                max_message,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let go = Arc::new(AtomicBool::new(false));
+    let pubs = paced_publishers(ctx, p, &topics, Spread::new(t, 1), max_message, &go)?;
+    let sent = || pubs.iter().map(|x| x.sent()).sum::<u64>();
+    let received = || subs.iter().map(|s| s.received.load(Relaxed)).sum::<u64>();
+    go.store(true, Relaxed);
+    let t_go = Instant::now();
+    let win_start = t_go + Duration::from_secs_f64(p.warmup);
+    let win_end = win_start + Duration::from_secs_f64(p.duration);
+    let phase = |ctx: &mut Ctx, until: Instant, what: &str| -> Result<()> {
+        while Instant::now() < until {
+            ctx.check_stop()?;
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(250)));
+            ctx.progress.set(format!(
+                "{label}: {what} {:.1}s: published {}, subscribers received {}",
+                t_go.elapsed().as_secs_f64(),
+                sent(),
+                received()
+            ));
+        }
+        Ok(())
+    };
+    phase(ctx, win_start, "warming up")?;
+    let cpu = CpuMeter::start_with(ctx.server_pid);
+    let (s0, r0) = (sent(), received());
+    phase(ctx, win_end, "measuring")?;
+    let (s1, r1) = (sent(), received());
+    let (my_cpu, window) = cpu.read();
+    let server_cpu = cpu.server_cores();
+    let mut errors = vec![];
+    for x in pubs {
+        errors.extend(x.stop()?);
+    }
+    let newest = if subs.is_empty() {
+        HashMap::new()
+    } else {
+        // herald may still be reading what the publishers wrote before they stopped: wait until
+        // its last values stop changing (at most `drain` s), then for the throttled topics'
+        // last values to go out at their next slot.
+        let mut newest = last_values(&ctx.url, &pattern, t)?;
+        let settle = Instant::now();
+        while settle.elapsed().as_secs_f64() < p.drain {
+            std::thread::sleep(Duration::from_millis(300));
+            let again = last_values(&ctx.url, &pattern, t)?;
+            if again == newest {
+                break;
+            }
+            newest = again;
+        }
+        let flush = if p.max_rate > 0.0 {
+            1.0 / p.max_rate
+        } else {
+            0.0
+        };
+        std::thread::sleep(Duration::from_secs_f64(flush + 0.5));
+        newest
+    };
+    let reports: Vec<PolicyReport> = subs.into_iter().map(PolicySub::stop).collect();
+    let mut c = crate::integrity::Counts::default();
+    let (mut stale, mut newest_ok) = (0u64, 0u64);
+    for rep in &reports {
+        c.add(&rep.counts);
+        stale += rep.stale;
+        newest_ok += newest
+            .iter()
+            .filter(|(topic, seq)| rep.last_seq.get(*topic) == Some(seq))
+            .count() as u64;
+        errors.extend(rep.errors.iter().cloned());
+    }
+    let publish_rate = (s1 - s0) as f64 / window;
+    let per_sub = if p.max_rate > 0.0 {
+        (t as f64 * p.max_rate).min(publish_rate)
+    } else {
+        publish_rate
+    };
+    let cores = my_cpu / window;
+    errors.truncate(10);
+    let mut r = StepResult {
+        clients: p.clients,
+        egress_expected: per_sub * p.clients as f64,
+        egress_achieved: (r1 - r0) as f64 / window,
+        publish_rate,
+        publish_expected: p.rate,
+        lost: c.lost,
+        duplicates: c.duplicates,
+        discard_notices: c.discard_notices,
+        discarded: c.discarded,
+        received: r1 - r0,
+        window_s: window,
+        bench_cpu_cores: cores,
+        bench_cores: ctx.bench_cores,
+        bench_cpu_saturated: cores > 0.9 * ctx.bench_cores as f64,
+        server_cpu_cores: server_cpu,
+        publishers: p.publishers,
+        topics: t,
+        subs_per_client: 1,
+        payload: p.payload,
+        errors,
+        ..Default::default()
+    };
+    let per_topic = (r1 - r0) as f64 / window / t as f64 / p.clients.max(1) as f64;
+    r.extra.insert("policy".into(), json!(p.policy));
+    r.extra.insert("max_rate".into(), json!(p.max_rate));
+    r.extra.insert("per_topic_per_s".into(), json!(per_topic));
+    r.extra.insert("stale".into(), json!(stale));
+    r.extra.insert(
+        "topics_newest_last".into(),
+        json!(newest_ok / p.clients.max(1)),
+    );
+    Ok(r)
+}
+
+/// herald's last value of every topic under `pattern`, as (topic, seq): a `snapshot`
+/// subscription on a connection of its own (snapshots are never conflated or dropped).
+fn last_values(url: &str, pattern: &str, topics: u64) -> Result<HashMap<String, u64>> {
+    let mut ws = crate::publish::connect(url, 1 << 20)?;
+    let req = json!({"op": "sub", "topic": pattern, "snapshot": true}).to_string();
+    ws.send(tungstenite::Message::text(req))?;
+    ws.get_mut()
+        .set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut out = HashMap::new();
+    while (out.len() as u64) < topics {
+        let m = match ws.read() {
+            Ok(m) => m,
+            // Quiet for 500 ms: herald sent every last value it holds.
+            Err(tungstenite::Error::Io(_)) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let incoming = match &m {
+            tungstenite::Message::Text(t) => wire::parse_text(t.as_bytes()),
+            tungstenite::Message::Binary(b) => wire::parse_binary(b),
+            _ => continue,
+        };
+        if let wire::Incoming::Msg(d) = incoming {
+            out.insert(String::from_utf8_lossy(d.topic).into_owned(), d.seq);
+        }
+    }
+    let _ = ws.close(None);
+    Ok(out)
 }
 
 #[cfg(test)]

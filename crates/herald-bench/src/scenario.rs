@@ -3,10 +3,11 @@
 //!
 //! ```toml
 //! name = "solace-3.1.1-high"
-//! kind = "fanout"                 # fanout | filtering | proxy-latency | stock-exchange | images
+//! kind = "fanout"                 # fanout | filtering | proxy-latency | stock-exchange | images | conflation
 //! seed = "003 §3.1.1, Figure 3-1"
 //! description = "…"
 //! server_args = []                # extra `herald serve` arguments when --spawn is used
+//! server_config = ""              # TOML for the spawned server's --config (e.g. [limits])
 //!
 //! [params]                        # every field of `Params`; unnamed ones keep their default
 //! topics = 10000
@@ -42,8 +43,11 @@ pub enum Kind {
     /// clients added step by step (seed 004).
     StockExchange,
     /// Large binary messages published back to back, each after every subscriber has the
-    /// previous one (seed 001, VBDS).
+    /// previous one (seed 001, VBDS); optionally with slow subscribers beside (issue 5).
     Images,
+    /// P publishers at a total rate R over T topics; `clients` policy subscribers on the
+    /// wildcard with `policy`/`max_rate` (issue 5: conflation at max_rate).
+    Conflation,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             Kind::ProxyLatency => "proxy-latency",
             Kind::StockExchange => "stock-exchange",
             Kind::Images => "images",
+            Kind::Conflation => "conflation",
         }
     }
 }
@@ -117,6 +122,15 @@ pub struct Params {
     /// Images: image side in pixels (the image is side² × bytes_per_pixel bytes).
     pub image_side: u64,
     pub bytes_per_pixel: u64,
+    /// Images: slow subscribers beside the fast ones, each on a thread of its own, reading at
+    /// most `read_rate` images per second with `policy` (herald skips images for them).
+    pub slow_clients: u64,
+    pub read_rate: f64,
+    /// The policy subscribers' `policy` (images' slow subscribers, conflation's subscribers);
+    /// empty: the topic's configured default.
+    pub policy: String,
+    /// Their `max_rate` (`conflate`: messages per second per topic; 0: none).
+    pub max_rate: f64,
     /// Connections per bench process before it spreads subscribers over worker processes.
     pub max_conns_per_process: u64,
     /// Event-loop threads per bench process for subscribers (1 = one core).
@@ -155,6 +169,10 @@ impl Default for Params {
             report_every: 2.0,
             image_side: 1024,
             bytes_per_pixel: 2,
+            slow_clients: 0,
+            read_rate: 4.0,
+            policy: String::new(),
+            max_rate: 0.0,
             max_conns_per_process: 19_000,
             bench_threads: 1,
         }
@@ -212,7 +230,7 @@ impl Params {
         if self.duration <= 0.0 && !matches!(kind, Kind::ProxyLatency | Kind::Images) {
             bail!("duration must be > 0 seconds (got {})", self.duration);
         }
-        if matches!(kind, Kind::Fanout | Kind::Filtering) && self.rate <= 0.0 {
+        if matches!(kind, Kind::Fanout | Kind::Filtering | Kind::Conflation) && self.rate <= 0.0 {
             bail!("rate must be > 0 msg/s (got {})", self.rate);
         }
         if self.connect_rate <= 0.0 {
@@ -251,6 +269,10 @@ pub struct Scenario {
     /// Extra arguments for `herald serve` when the bench spawns the server.
     #[serde(default)]
     pub server_args: Vec<String>,
+    /// A configuration file's text for the spawned server (`--config`), for what has no flag:
+    /// e.g. `[limits]`, whose per-connection rates a benchmark's publisher exceeds on purpose.
+    #[serde(default)]
+    pub server_config: String,
     #[serde(default)]
     pub params: Params,
     #[serde(default)]
@@ -291,6 +313,7 @@ impl Scenario {
             seed: String::new(),
             description: "built from command-line flags".into(),
             server_args: vec![],
+            server_config: String::new(),
             params: Params::default(),
             sweep: vec![],
         }
@@ -469,6 +492,9 @@ values = [1000, 2000, 3000]
                 n += 1;
             }
         }
-        assert!(n >= 7, "expected the 7 seed scenarios, found {n}");
+        assert!(
+            n >= 9,
+            "expected the 7 seed scenarios and issue 5's 2, found {n}"
+        );
     }
 }

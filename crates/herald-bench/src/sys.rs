@@ -2,10 +2,19 @@
 
 /// CPU seconds (user + system) used so far by this process, all threads.
 pub fn cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_SELF)
+}
+
+/// CPU seconds (user + system) used so far by the calling thread.
+pub fn thread_cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_THREAD)
+}
+
+fn rusage_seconds(who: libc::c_int) -> f64 {
     // SAFETY: getrusage only writes into the struct we pass.
     unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+        if libc::getrusage(who, &mut ru) != 0 {
             return 0.0;
         }
         let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;

@@ -7,7 +7,7 @@
 
 use crate::index::SubscriptionIndex;
 use crate::outbox::Delivery;
-use crate::policy::{Policy, PolicyRule, QueuePolicy};
+use crate::policy::{Credit, Policy, PolicyRule, QueuePolicy};
 use crate::topic;
 use crate::wire::{
     self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
@@ -217,8 +217,8 @@ struct Sub {
     /// Asked for in the request; `None` leaves each topic to its configured default.
     policy: Option<Policy>,
     max_rate: Option<f64>,
-    /// `lossless`: messages the subscriber still grants.
-    credit: u64,
+    /// `lossless`: messages (and bytes) the subscriber still grants.
+    credit: Credit,
     /// The publish count when it was subscribed (see [`Engine::publish_remote`]: who was
     /// listening before a hole).
     subscribed_at: u64,
@@ -493,7 +493,12 @@ impl<O: Outbox> Engine<O> {
                 self.reply(conn, &Reply::Pong { id });
                 Ok(None)
             }
-            Request::Credit { id, topic, n } => self.credit(conn, id, &topic, n).map(|()| None),
+            Request::Credit {
+                id,
+                topic,
+                n,
+                bytes,
+            } => self.credit(conn, id, &topic, n, bytes).map(|()| None),
             Request::Auth { id, .. } => Err(ProtocolError::new(
                 "unknown_op",
                 "`auth` is answered by the server's network layer, not the engine",
@@ -693,11 +698,11 @@ impl<O: Outbox> Engine<O> {
             c.seen = generation;
             let chosen = c.policy_for(&p.topic, default);
             if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
-                if c.subs[i].credit == 0 {
+                if !c.subs[i].credit.covers(p.payload.len()) {
                     cut.push(id);
                     return;
                 }
-                c.subs[i].credit -= 1;
+                c.subs[i].credit.spend(p.payload.len());
             }
             let delivery = Delivery {
                 topic: &name,
@@ -719,9 +724,10 @@ impl<O: Outbox> Engine<O> {
         }
     }
 
-    /// Whether a message on `topic` would exceed a `lossless` subscriber's window: its
-    /// publisher should wait for credit (or for the subscriber to go) before publishing.
-    pub fn is_held(&self, topic_name: &str) -> bool {
+    /// Whether a message on `topic` with a payload of `len` bytes would exceed a `lossless`
+    /// subscriber's window: its publisher should wait for credit (or for the subscriber to go)
+    /// before publishing.
+    pub fn is_held(&self, topic_name: &str, len: usize) -> bool {
         if self.lossless == 0 || topic::validate_topic(topic_name).is_err() {
             return false;
         }
@@ -738,7 +744,7 @@ impl<O: Outbox> Engine<O> {
             if let Some(c) = self.conns[id as usize].as_ref() {
                 let chosen = c.policy_for(topic_name, default);
                 if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
-                    held |= c.subs[i].credit == 0;
+                    held |= !c.subs[i].credit.covers(len);
                 }
             }
         });
@@ -749,20 +755,22 @@ impl<O: Outbox> Engine<O> {
         policy_rule(&self.config, topic_name)
     }
 
-    /// `{"op":"credit"}`: the subscription `pattern` grants `n` more messages.
+    /// `{"op":"credit"}`: the subscription `pattern` grants `n` more messages and `bytes` more
+    /// payload bytes.
     fn credit(
         &mut self,
         conn: ConnId,
         id: Option<wire::RequestId>,
         pattern: &str,
         n: u64,
+        bytes: u64,
     ) -> Result<(), ProtocolError> {
         let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
             return Ok(());
         };
         match c.subs.iter_mut().find(|s| *s.pattern == *pattern) {
             Some(s) if s.is_lossless() => {
-                s.credit = s.credit.saturating_add(n);
+                s.credit.grant(n, bytes);
                 Ok(())
             }
             Some(_) => Err(ProtocolError::new(
@@ -865,9 +873,9 @@ impl<O: Outbox> Engine<O> {
             policy: s.policy,
             max_rate: s.max_rate,
             credit: if s.policy == Some(Policy::Lossless) {
-                s.window.unwrap_or(DEFAULT_WINDOW)
+                Credit::new(s.window, s.window_bytes, DEFAULT_WINDOW)
             } else {
-                0
+                Credit::default()
             },
             subscribed_at: self.publish_count,
         };

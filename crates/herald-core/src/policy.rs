@@ -98,3 +98,86 @@ impl QueuePolicy {
         }
     }
 }
+
+/// What a `lossless` subscription still grants: messages, and payload bytes when it asked for a
+/// byte window (`window_bytes`). A message goes only if it fits both; herald never exceeds
+/// either. Bytes count payloads as the subscriber receives them: the `data` string's UTF-8
+/// bytes of a text message, the bytes after the header of a binary one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Credit {
+    messages: u64,
+    /// `None`: no byte window (only messages are counted).
+    bytes: Option<u64>,
+}
+
+impl Credit {
+    /// The grant of a new subscription: `window` messages (unlimited when only a byte window is
+    /// asked for, else `default_window`) and `window_bytes` bytes.
+    pub fn new(window: Option<u64>, window_bytes: Option<u64>, default_window: u64) -> Credit {
+        let messages = match (window, window_bytes) {
+            (Some(n), _) => n,
+            (None, Some(_)) => u64::MAX,
+            (None, None) => default_window,
+        };
+        Credit {
+            messages,
+            bytes: window_bytes,
+        }
+    }
+
+    /// Whether a message with a payload of `len` bytes may go now.
+    pub fn covers(&self, len: usize) -> bool {
+        self.messages > 0 && self.bytes.is_none_or(|b| b >= len as u64)
+    }
+
+    /// Spends one message of `len` payload bytes (call after [`Credit::covers`]).
+    pub fn spend(&mut self, len: usize) {
+        self.messages = self.messages.saturating_sub(1);
+        if let Some(b) = &mut self.bytes {
+            *b = b.saturating_sub(len as u64);
+        }
+    }
+
+    /// `{"op":"credit"}`: `n` more messages, `bytes` more bytes (ignored without a byte window:
+    /// bytes are then not limited).
+    pub fn grant(&mut self, n: u64, bytes: u64) {
+        self.messages = self.messages.saturating_add(n);
+        if let Some(b) = &mut self.bytes {
+            *b = b.saturating_add(bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod credit_tests {
+    use super::Credit;
+
+    #[test]
+    fn a_message_goes_only_within_both_windows() {
+        let mut c = Credit::new(Some(2), Some(100), 16);
+        assert!(c.covers(60));
+        c.spend(60);
+        assert!(!c.covers(41), "40 bytes left");
+        assert!(c.covers(40));
+        c.spend(40);
+        assert!(!c.covers(0), "no message left");
+        c.grant(1, 0);
+        assert!(c.covers(0) && !c.covers(1));
+        c.grant(0, 10);
+        assert!(c.covers(10));
+
+        let mut bytes_only = Credit::new(None, Some(10), 16);
+        for _ in 0..1000 {
+            bytes_only.spend(0);
+        }
+        assert!(bytes_only.covers(10) && !bytes_only.covers(11));
+
+        let mut messages_only = Credit::new(None, None, 3);
+        messages_only.grant(0, 1 << 40);
+        assert!(messages_only.covers(usize::MAX));
+        for _ in 0..3 {
+            messages_only.spend(1 << 30);
+        }
+        assert!(!messages_only.covers(0));
+    }
+}

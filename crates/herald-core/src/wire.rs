@@ -86,11 +86,13 @@ pub enum Request {
         id: Option<RequestId>,
         token: String,
     },
-    /// Lossless flow control: `n` more messages granted to the subscription `topic`.
+    /// Lossless flow control: `n` more messages and `bytes` more payload bytes granted to the
+    /// subscription `topic` (either may be 0).
     Credit {
         id: Option<RequestId>,
         topic: String,
         n: u64,
+        bytes: u64,
     },
 }
 
@@ -106,6 +108,9 @@ pub struct Subscribe {
     pub max_rate: Option<f64>,
     /// `lossless`: messages granted up front.
     pub window: Option<u64>,
+    /// `lossless`: payload bytes granted up front (a byte window besides, or instead of, the
+    /// message window).
+    pub window_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -171,7 +176,11 @@ struct RawRequest<'a> {
     #[serde(default)]
     window: Option<u64>,
     #[serde(default)]
+    window_bytes: Option<u64>,
+    #[serde(default)]
     n: Option<u64>,
+    #[serde(default)]
+    bytes: Option<u64>,
 }
 
 /// Decodes a text frame: one JSON object.
@@ -284,14 +293,22 @@ fn into_request(
                 policy: raw.policy,
                 max_rate: raw.max_rate,
                 window: raw.window,
+                window_bytes: raw.window_bytes,
                 id,
             }))
         }
-        "credit" => Ok(Request::Credit {
-            topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
-            n: raw.n.ok_or_else(|| missing("n", op))?,
-            id,
-        }),
+        "credit" => {
+            let topic = raw.topic.ok_or_else(|| missing("topic", op))?.into_owned();
+            if raw.n.is_none() && raw.bytes.is_none() {
+                return Err(missing("n", op));
+            }
+            Ok(Request::Credit {
+                topic,
+                n: raw.n.unwrap_or(0),
+                bytes: raw.bytes.unwrap_or(0),
+                id,
+            })
+        }
         "unsub" => Ok(Request::Unsubscribe {
             topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
             id,
@@ -622,7 +639,24 @@ mod tests {
             Request::Credit {
                 id: None,
                 topic: "a/>".into(),
-                n: 3
+                n: 3,
+                bytes: 0
+            }
+        );
+        let Request::Subscribe(s) =
+            decode_text(r#"{"op":"sub","topic":"a/>","policy":"lossless","window_bytes":65536}"#)
+                .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((s.window, s.window_bytes), (None, Some(65536)));
+        assert_eq!(
+            decode_text(r#"{"op":"credit","topic":"a/>","bytes":1000}"#).unwrap(),
+            Request::Credit {
+                id: None,
+                topic: "a/>".into(),
+                n: 0,
+                bytes: 1000
             }
         );
         assert_eq!(

@@ -77,14 +77,19 @@ impl Node {
     pub async fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
         let mut pending = Pending::default();
         let result = self
-            .when_admitted(&p.topic, &mut pending, |engine, pending| {
-                let now = now_us();
-                let result = pending.collect(|| engine.publish(p, now));
-                if let Ok(published) = &result {
-                    self.hand_to_broker(engine, p, published, now);
-                }
-                result
-            })
+            .when_admitted(
+                &p.topic,
+                p.payload.len(),
+                &mut pending,
+                |engine, pending| {
+                    let now = now_us();
+                    let result = pending.collect(|| engine.publish(p, now));
+                    if let Ok(published) = &result {
+                        self.hand_to_broker(engine, p, published, now);
+                    }
+                    result
+                },
+            )
             .await;
         pending.flush();
         match &result {
@@ -110,10 +115,10 @@ impl Node {
         pending: &mut Pending,
     ) -> Result<Option<Published>, &'static str> {
         if let Request::Publish(p) = &request {
-            let topic = p.topic.clone();
+            let (topic, len) = (p.topic.clone(), p.payload.len());
             let publish = self.broker.is_some().then(|| p.clone());
             return self
-                .when_admitted(&topic, pending, |engine, pending| {
+                .when_admitted(&topic, len, pending, |engine, pending| {
                     let now = now_us();
                     let result = pending.collect(|| engine.handle(conn, request, now));
                     if let (Ok(Some(published)), Some(p)) = (&result, &publish) {
@@ -185,14 +190,15 @@ impl Node {
         }
     }
 
-    /// Runs `publish` under the engine lock once no `lossless` subscriber of `topic` is out of
-    /// credit, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
+    /// Runs `publish` (of a `len`-byte payload) under the engine lock once no `lossless`
+    /// subscriber of `topic` is out of credit for it, or once `lossless_hold_timeout_ms` has passed (then the publish cuts those
     /// subscribers, see [`Node::published`]). Only this publisher waits: its WebSocket reader or
     /// HTTP request, never the other publishers. `pending` is flushed before waiting: what
     /// this publisher already queued may be what the subscriber needs to grant credit.
     pub async fn when_admitted<R>(
         &self,
         topic: &str,
+        len: usize,
         pending: &mut Pending,
         publish: impl FnOnce(&mut Engine<Arc<Connection>>, &mut Pending) -> R,
     ) -> R {
@@ -200,7 +206,7 @@ impl Node {
         // and registers no waiter on `released` (which takes its lock twice).
         {
             let mut engine = self.engine.lock();
-            if !engine.is_held(topic) {
+            if !engine.is_held(topic, len) {
                 return publish(&mut engine, pending);
             }
         }
@@ -214,7 +220,7 @@ impl Node {
             released.as_mut().enable();
             {
                 let mut engine = self.engine.lock();
-                if !engine.is_held(topic) || Instant::now() >= deadline {
+                if !engine.is_held(topic, len) || Instant::now() >= deadline {
                     return publish(&mut engine, pending);
                 }
             }

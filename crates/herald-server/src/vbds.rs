@@ -28,7 +28,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// Bytes per binary chunk of an image sent to a VBDS subscriber.
 const CHUNK: usize = 256 << 10;
@@ -47,7 +47,14 @@ pub struct Streams {
 struct Stream {
     content_type: String,
     lossless: bool,
-    subscribers: Vec<watch::Receiver<Progress>>,
+    subscribers: Vec<Subscriber>,
+}
+
+/// What the stream knows of one connected VBDS subscriber.
+struct Subscriber {
+    progress: watch::Receiver<Progress>,
+    /// Told when the stream is deleted: the subscriber is closed (1001) between images.
+    deleted: Arc<Notify>,
 }
 
 /// Where a VBDS subscriber is: what a publish waits on before replying 202.
@@ -125,9 +132,18 @@ async fn create(
     StatusCode::OK.into_response()
 }
 
+/// Deletes a stream and closes its VBDS subscribers (1001 `stream NAME deleted`) once the image
+/// each is being sent, if any, is complete: a VBDS client has no other way to learn it, and
+/// would otherwise wait on a stream that can no longer be published to.
 async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> Response {
     match node.vbds.streams.lock().remove(&name) {
-        Some(_) => StatusCode::OK.into_response(),
+        Some(stream) => {
+            for s in stream.subscribers {
+                // A stored permit: the writer sees it even if it is in the middle of a write.
+                s.deleted.notify_one();
+            }
+            StatusCode::OK.into_response()
+        }
         None => missing(&name),
     }
 }
@@ -184,8 +200,14 @@ async fn transfer(
         let Some(stream) = streams.get_mut(&name) else {
             return StatusCode::ACCEPTED.into_response();
         };
-        stream.subscribers.retain(|rx| rx.has_changed().is_ok());
-        stream.subscribers.clone()
+        stream
+            .subscribers
+            .retain(|s| s.progress.has_changed().is_ok());
+        stream
+            .subscribers
+            .iter()
+            .map(|s| s.progress.clone())
+            .collect()
     };
     // A subscriber that stops reading in the middle of an image must not hold the publisher for
     // ever: the wait is bounded like a lossless hold.
@@ -236,15 +258,24 @@ async fn run_subscriber(
     });
     let _ = node.engine.lock().handle(id, subscribe, now_us());
     let (progress, rx) = watch::channel(Progress::default());
-    if let Some(stream) = node.vbds.streams.lock().get_mut(&name) {
-        stream.subscribers.push(rx);
+    let deleted = Arc::new(Notify::new());
+    match node.vbds.streams.lock().get_mut(&name) {
+        Some(stream) => stream.subscribers.push(Subscriber {
+            progress: rx,
+            deleted: deleted.clone(),
+        }),
+        // Deleted since the handshake began.
+        None => deleted.notify_one(),
     }
     let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
     let reader = read_acks(&node, &conn, read, acks_tx);
     let writer = async {
         let mut batch = Vec::new();
         loop {
-            let closed = conn.next_frames(&mut batch).await;
+            let closed = tokio::select! {
+                closed = conn.next_frames(&mut batch) => closed,
+                _ = deleted.notified() => return stream_deleted(&mut write, &name).await,
+            };
             // Conflation leaves at most one image waiting; replies and notices are not VBDS's.
             let image = batch
                 .drain(..)
@@ -254,14 +285,18 @@ async fn run_subscriber(
                 progress.send_modify(|p| p.busy_with = Some(seq));
                 write_frames(&mut write, &chunks(frame.body)).await?;
                 progress.send_modify(|p| p.sent = seq);
-                if acks.recv().await.is_none() {
-                    break;
+                tokio::select! {
+                    ack = acks.recv() => if ack.is_none() {
+                        break;
+                    },
+                    _ = deleted.notified() => return stream_deleted(&mut write, &name).await,
                 }
                 if lossless {
                     let credit = WireRequest::Credit {
                         id: None,
                         topic: pattern.clone(),
                         n: 1,
+                        bytes: 0,
                     };
                     let _ = node.engine.lock().handle(id, credit, now_us());
                     node.released.notify_waiters();
@@ -281,6 +316,12 @@ async fn run_subscriber(
     node.disconnect(id);
     node.metrics
         .disconnected(conn.close_reason().unwrap_or(Disconnect::ClientClosed));
+}
+
+/// Tells a subscriber its stream is gone: close 1001 (going away), between two images.
+async fn stream_deleted(write: &mut WriteHalf, name: &str) -> std::io::Result<()> {
+    let close = wire::encode_close(1001, &format!("stream {name} deleted"));
+    write_frames(write, &[close]).await
 }
 
 /// An image as VBDS sends it: binary chunks of at most [`CHUNK`] bytes, never one of exactly one

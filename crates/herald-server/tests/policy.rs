@@ -295,6 +295,72 @@ async fn lossless_never_exceeds_the_window_and_loses_nothing() {
     server.stop().await;
 }
 
+/// A byte window (`window_bytes`, `credit` with `bytes`): messages of mixed sizes; the payload
+/// bytes sent never exceed the bytes granted, herald sends every message that fits (it stops
+/// only where the next one would not), and nothing is lost or reordered.
+#[tokio::test]
+async fn lossless_window_bytes_is_never_exceeded_and_nothing_is_lost() {
+    let server = TestServer::start(Config::default()).await;
+    let mut sub = server.connect().await;
+    let mut granted = 2500u64;
+    subscribe_with(
+        &mut sub,
+        "bw/>",
+        json!({"policy": "lossless", "window_bytes": granted}),
+    )
+    .await;
+    let sizes: Vec<usize> = (0..30).map(|i| [1000, 700, 300, 1200][i % 4]).collect();
+    let mut publisher = server.connect().await;
+    let payloads: Vec<String> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| format!("{i:04}{}", "é".repeat((n - 4) / 2)) + &"x".repeat((n - 4) % 2))
+        .collect();
+    assert!(payloads.iter().zip(&sizes).all(|(p, &n)| p.len() == n));
+    let to_publish = payloads.clone();
+    let publishing = tokio::spawn(async move {
+        for (i, data) in to_publish.into_iter().enumerate() {
+            let request = json!({"op": "pub", "topic": "bw/x", "id": i, "data": data});
+            send(&mut publisher, request).await;
+        }
+        publisher
+    });
+    let (mut received, mut spent) = (0usize, 0u64);
+    while received < sizes.len() {
+        match tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+            Ok(frame) => {
+                let v: Value =
+                    serde_json::from_str(frame.unwrap().unwrap().to_text().unwrap()).unwrap();
+                assert_eq!(v["seq"], received as u64 + 1, "in order, nothing lost: {v}");
+                assert_eq!(v["data"], payloads[received]);
+                spent += v["data"].as_str().unwrap().len() as u64;
+                received += 1;
+                assert!(spent <= granted, "{spent} bytes sent, {granted} granted");
+            }
+            Err(_) => {
+                // Quiet: only because the next message would not fit.
+                assert!(
+                    spent + sizes[received] as u64 > granted,
+                    "held message {received} of {} bytes fits ({spent} of {granted} spent)",
+                    sizes[received]
+                );
+                granted += 1500;
+                send(
+                    &mut sub,
+                    json!({"op": "credit", "topic": "bw/>", "bytes": 1500}),
+                )
+                .await;
+            }
+        }
+    }
+    let _publisher = tokio::time::timeout(WAIT, publishing)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_quiet(&mut sub, "a message beyond those published").await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_vanishing_lossless_subscriber_releases_held_publishers_and_others_never_wait() {
     let config = Config {

@@ -550,6 +550,34 @@ fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Samples a process's RSS every 10 ms on a thread of its own; `stop` returns the peak.
+struct PeakRss {
+    sampling: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    fn start(pid: u32) -> PeakRss {
+        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let on = sampling.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while on.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_bytes(pid));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        });
+        PeakRss { sampling, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.sampling
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// A 2048² × 2-byte image whose every byte depends on its index, so corruption shows.
 fn image(index: u32) -> Vec<u8> {
     (0..2048 * 2048 * 2u32)
@@ -657,18 +685,7 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
         let fast = runtime.spawn(read(fast, Duration::ZERO));
         let slow = runtime.spawn(read(slow, Duration::from_millis(250)));
         let started = Instant::now();
-        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let sampler = {
-            let sampling = sampling.clone();
-            std::thread::spawn(move || {
-                let mut peak = 0;
-                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                    peak = peak.max(rss_bytes(pid));
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                peak
-            })
-        };
+        let sampler = PeakRss::start(pid);
         for img in images.iter() {
             assert!(http_publish(serve.port, topic, img).contains("200"));
         }
@@ -676,8 +693,7 @@ fn bulk_images_reach_a_fast_subscriber_whole_while_a_slow_one_skips() {
         let (fast, fast_dropped) = runtime.block_on(fast).unwrap();
         let fast_secs = started.elapsed().as_secs_f64();
         let (slow, slow_dropped) = runtime.block_on(slow).unwrap();
-        sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-        peak = peak.max(sampler.join().unwrap());
+        peak = peak.max(sampler.stop());
         let expected: Vec<(u64, bool)> = (1..=IMAGES as u64).map(|s| (s, true)).collect();
         assert_eq!(
             (fast, fast_dropped),
@@ -786,209 +802,177 @@ fn sub_save_dir_writes_files_and_exec_runs_per_message() {
     serve.stop();
 }
 
-/// CPU seconds a process has used (utime + stime from /proc, at 100 ticks/s).
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
+/// A ping round trip: herald has handled every request sent before it once the pong is here.
+async fn round_trip(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    use futures_util::{SinkExt, StreamExt};
+    let ping = serde_json::json!({"op": "ping", "id": 1}).to_string();
+    ws.send(tokio_tungstenite::tungstenite::Message::text(ping))
+        .await
+        .unwrap();
+    while !ws
         .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .to_text()
         .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields
-        .get(11..13)
-        .map_or(0, |f| f.iter().map(|v| v.parse::<u64>().unwrap_or(0)).sum());
-    ticks as f64 / 100.0
+        .contains("pong")
+    {}
 }
 
-/// Benchmark (run by hand, see bench/RESULTS.md): seed 001's 2048² × 2 images published in
-/// lockstep with a fast subscriber (each image once it has the previous one), without and then
-/// with a slow subscriber (4 images/s) on the same `drop` topic. The fast subscriber's images/s
-/// must not fall by more than 5%.
+/// Memory bound: subscribers that never read, one `drop` and one `conflate`, while a publisher
+/// sends 40 times the outbound limit. The server's RSS must stay under a fixed overhead plus
+/// twice `max_outbound_bytes` per stuck subscriber: the queue is bounded by the limit, and the
+/// batch its writer already took from it (stuck in a write to the full socket) by the limit too
+/// (docs/semantics.md). An unbounded queue would hold everything published (320 MiB here).
+/// Then the subscribers read: the `drop` one gets whole messages plus notices whose counts make
+/// up exactly what was published; the `conflate` one ends on every topic's newest value.
 #[test]
-#[ignore = "benchmark: cargo test --release -p herald --test cli bench_ -- --ignored --nocapture"]
-fn bench_images_with_a_slow_subscriber() {
+fn memory_stays_bounded_under_subscribers_that_never_read() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let images: u32 = std::env::var("HERALD_BENCH_IMAGES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let config = std::env::temp_dir().join(format!("herald-bench-img-{}.toml", std::process::id()));
+    const LIMIT: u64 = 8 << 20;
+    const SIZE: usize = 256 << 10;
+    const MESSAGES: u64 = 640; // per policy: 160 MiB each, 20 × the limit
+    const TOPICS: u64 = 16; // conflate topics: 16 × 256 KiB waiting fit in the limit
+                            // The subscribers send nothing for the whole test: no idle timeout (a slow CI run could
+                            // reach it), and no rate limits for the publisher.
+    let config = std::env::temp_dir().join(format!("herald-mem-{}.toml", std::process::id()));
     std::fs::write(
         &config,
-        "max_outbound_bytes = 134217728\n[[policy]]\npattern = \"cam/>\"\npolicy = \"drop\"\n",
+        format!(
+            "max_outbound_bytes = {LIMIT}\n[[history]]\npattern = \">\"\nmax_messages = 1\n\
+             [[policy]]\npattern = \"mem/drop/>\"\npolicy = \"drop\"\n\
+             [[policy]]\npattern = \"mem/conflate/>\"\npolicy = \"conflate\"\n\
+             [limits]\nmax_bytes_per_sec = 0\nmax_messages_per_sec = 0\nidle_timeout_secs = 0\n"
+        ),
     )
     .unwrap();
     let serve = Serve::start_with(&["--config", config.to_str().unwrap()], None);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let payload = bytes::Bytes::from(image(1));
-    for with_slow in [false, true, false, true] {
-        let url = serve.url();
-        let payload = payload.clone();
-        let (rate, slow_got) = runtime.block_on(async move {
-            let topic = format!("cam/{with_slow}");
-            let connect = || tokio_tungstenite::connect_async(url.clone());
-            let (mut fast, mut publisher) =
-                (connect().await.unwrap().0, connect().await.unwrap().0);
-            let sub = Message::text(serde_json::json!({"op": "sub", "topic": topic}).to_string());
-            fast.send(sub.clone()).await.unwrap();
-            fast.next().await.unwrap().unwrap();
-            let slow = if with_slow {
-                let mut slow = connect().await.unwrap().0;
-                slow.send(sub).await.unwrap();
-                slow.next().await.unwrap().unwrap();
-                Some(tokio::spawn(async move {
-                    let mut got = 0u32;
-                    while let Some(Ok(m)) = slow.next().await {
-                        if m.is_binary() {
-                            got += 1;
-                            tokio::time::sleep(Duration::from_millis(250)).await;
-                        }
-                    }
-                    got
-                }))
-            } else {
-                None
-            };
-            let head = serde_json::json!({"op": "pub", "topic": topic}).to_string();
-            let mut frame = (head.len() as u32).to_be_bytes().to_vec();
-            frame.extend_from_slice(head.as_bytes());
-            frame.extend_from_slice(&payload);
-            let frame = bytes::Bytes::from(frame);
-            let started = Instant::now();
-            for _ in 0..images {
-                publisher
-                    .send(Message::Binary(frame.clone()))
-                    .await
-                    .unwrap();
-                loop {
-                    if fast.next().await.unwrap().unwrap().is_binary() {
-                        break;
-                    }
-                }
-            }
-            let rate = images as f64 / started.elapsed().as_secs_f64();
-            drop(publisher);
-            let slow_got = match slow {
-                Some(task) => {
-                    task.abort();
-                    "yes".to_owned()
-                }
-                None => "no".to_owned(),
-            };
-            (rate, slow_got)
-        });
-        eprintln!(
-            "2048² × 2 images, slow subscriber: {slow_got}: fast subscriber {rate:.1} images/s"
-        );
-    }
-    serve.stop();
-    let _ = std::fs::remove_file(config);
-}
-
-/// Benchmark (run by hand, see bench/RESULTS.md): 1,000 topics updated round-robin at
-/// HERALD_BENCH_RATE messages/s in total for 10 s, one subscriber on `c1/>` with `conflate` and
-/// `max_rate = 2`; reports what it receives per topic per second, that every topic's last
-/// received value is the newest, and herald's CPU with and without that subscriber.
-#[test]
-#[ignore = "benchmark: cargo test --release -p herald --test cli bench_ -- --ignored --nocapture"]
-fn bench_conflation_max_rate() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-    const TOPICS: usize = 1000;
-    const SECS: u64 = 10;
-    let rate: u64 = std::env::var("HERALD_BENCH_RATE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50_000);
-    let serve = Serve::start();
     let pid = serve.child.id();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    for with_sub in [false, true] {
-        let url = serve.url();
-        let cpu_before = cpu_secs(pid);
-        let (received, stale, newest_ok, sent) = runtime.block_on(async move {
-            let connect = || tokio_tungstenite::connect_async(url.clone());
-            let mut publisher = connect().await.unwrap().0;
-            // The subscriber runs on its own thread and runtime, so the publisher's loop can
-            // never starve it.
-            let sub = with_sub.then(|| {
-                let (ready_tx, ready) = std::sync::mpsc::channel();
-                let url = url.clone();
-                let thread = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                    rt.block_on(async move {
-                        let mut sub = tokio_tungstenite::connect_async(url).await.unwrap().0;
-                        let req = serde_json::json!({"op": "sub", "topic": "c1/>", "policy": "conflate", "max_rate": 2});
-                        sub.send(Message::text(req.to_string())).await.unwrap();
-                        sub.next().await.unwrap().unwrap();
-                        ready_tx.send(()).unwrap();
-                        let mut last = vec![0u64; TOPICS];
-                        let (mut received, mut stale) = (0u64, 0u64);
-                        loop {
-                            let m = match tokio::time::timeout(Duration::from_secs(8), sub.next()).await {
-                                Ok(Some(Ok(m))) => m,
-                                _ => break,
-                            };
-                            let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
-                            if v["op"] != "msg" {
-                                continue;
-                            }
-                            let t: usize = v["topic"].as_str().unwrap()[3..].parse().unwrap();
-                            let value: u64 = v["data"].as_str().unwrap().parse().unwrap();
-                            stale += u64::from(value <= last[t]);
-                            last[t] = value;
-                            received += 1;
-                        }
-                        (received, stale, last)
-                    })
-                });
-                ready.recv().unwrap();
-                thread
-            });
-            let started = Instant::now();
-            let per_tick = (rate / 100).max(1);
-            let mut sent = 0u64;
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            while started.elapsed() < Duration::from_secs(SECS) {
-                tick.tick().await;
-                for _ in 0..per_tick {
-                    let topic = sent as usize % TOPICS;
-                    sent += 1;
-                    // Each run its own topics, so one run's values never meet the other's.
-                    let m = serde_json::json!({"op": "pub", "topic": format!("c{}/{topic}", u8::from(with_sub)), "data": sent.to_string()});
-                    publisher.feed(Message::text(m.to_string())).await.unwrap();
-                }
-                publisher.flush().await.unwrap();
+    let url = serve.url();
+    let (peak, baseline, drop_sub, conflate_sub) = runtime.block_on(async {
+        let connect = || tokio_tungstenite::connect_async(url.clone());
+        let mut publisher = connect().await.unwrap().0;
+        let mut subs = vec![];
+        for pattern in ["mem/drop/>", "mem/conflate/>"] {
+            let mut ws = connect().await.unwrap().0;
+            let req = serde_json::json!({"op": "sub", "topic": pattern}).to_string();
+            ws.send(Message::text(req)).await.unwrap();
+            let reply = ws.next().await.unwrap().unwrap();
+            assert!(reply.to_text().unwrap().contains("subscribed"), "{reply}");
+            subs.push(ws);
+        }
+        let frame = |topic: &str, i: u64| {
+            let head = serde_json::json!({"op": "pub", "topic": topic}).to_string();
+            let mut f = (head.len() as u32).to_be_bytes().to_vec();
+            f.extend_from_slice(head.as_bytes());
+            f.extend_from_slice(&i.to_be_bytes());
+            f.resize(4 + head.len() + SIZE, (i % 251) as u8);
+            Message::binary(f)
+        };
+        // Warm up the allocator and every topic once, then take the baseline.
+        publisher.send(frame("mem/drop/a", 0)).await.unwrap();
+        for t in 0..TOPICS {
+            publisher
+                .send(frame(&format!("mem/conflate/{t}"), 0))
+                .await
+                .unwrap();
+        }
+        round_trip(&mut publisher).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let baseline = rss_bytes(pid);
+        let sampler = PeakRss::start(pid);
+        for i in 1..=MESSAGES {
+            publisher.send(frame("mem/drop/a", i)).await.unwrap();
+            let topic = format!("mem/conflate/{}", i % TOPICS);
+            publisher.send(frame(&topic, i)).await.unwrap();
+            if i % 32 == 0 {
+                round_trip(&mut publisher).await;
             }
-            // The pong comes after herald has handled every publish before it.
-            let ping = serde_json::json!({"op": "ping", "id": 1}).to_string();
-            publisher.send(Message::text(ping)).await.unwrap();
-            while !publisher.next().await.unwrap().unwrap().to_text().unwrap().contains("pong") {}
-            let ingest_secs = started.elapsed().as_secs_f64();
-            eprintln!("published {sent} in {ingest_secs:.1} s (handled by herald: {:.0}/s)", sent as f64 / ingest_secs);
-            // Every topic's newest value: the last `TOPICS` values sent.
-            match sub {
-                Some(thread) => {
-                    let (received, stale, last) = thread.join().unwrap();
-                    let newest_ok = (0..TOPICS).all(|t| {
-                        let newest = (1..=sent).rev().find(|v| (*v - 1) as usize % TOPICS == t).unwrap_or(0);
-                        last[t] == newest
-                    });
-                    (received, stale, newest_ok, sent)
+        }
+        round_trip(&mut publisher).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let peak = sampler.stop();
+        let conflate_sub = subs.pop().unwrap();
+        (peak, baseline, subs.pop().unwrap(), conflate_sub)
+    });
+    let grew = peak.saturating_sub(baseline);
+    eprintln!(
+        "never-reading drop + conflate subscribers, limit {} MiB, {} MiB published: server RSS {} MiB at rest, peak {} MiB (+{} MiB)",
+        LIMIT >> 20,
+        (2 * MESSAGES * SIZE as u64) >> 20,
+        baseline >> 20,
+        peak >> 20,
+        grew >> 20
+    );
+    assert!(
+        grew < 2 * 2 * LIMIT + (16 << 20),
+        "RSS grew by {} MiB with two stuck subscribers and a {} MiB limit",
+        grew >> 20,
+        LIMIT >> 20
+    );
+    // Now they read. Every message of the drop topic is either received whole or announced.
+    let (received, dropped, whole) = runtime.block_on(async move {
+        let mut ws = drop_sub;
+        let (mut received, mut dropped, mut whole) = (0u64, 0u64, true);
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), ws.next()).await {
+            match m {
+                Message::Binary(b) => {
+                    let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                    let i = u64::from_be_bytes(b[4 + n..12 + n].try_into().unwrap());
+                    whole &= b.len() == 4 + n + SIZE && b[b.len() - 1] == (i % 251) as u8;
+                    received += 1;
                 }
-                None => (0, 0, true, sent),
+                Message::Text(t) => {
+                    let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                    assert_eq!(v["op"], "dropped", "{v}");
+                    dropped += v["count"].as_u64().unwrap();
+                }
+                // herald pings a connection that has been quiet for a while.
+                Message::Ping(_) | Message::Pong(_) => {}
+                other => panic!("{other:?}"),
             }
-        });
-        let cpu = cpu_secs(pid) - cpu_before;
-        eprintln!(
-            "conflation bench, subscriber {with_sub}: published {sent} ({:.0}/s) on {TOPICS} topics; received {received} = {:.2} msg/s per topic, {stale} stale, newest at the end: {newest_ok}; herald CPU {:.0}% of one core",
-            sent as f64 / SECS as f64,
-            received as f64 / SECS as f64 / TOPICS as f64,
-            cpu / (SECS as f64) * 100.0
+        }
+        (received, dropped, whole)
+    });
+    assert!(whole, "drop: every message whole");
+    assert!(dropped > 0, "drop: messages were dropped");
+    // (The warm-up message, then MESSAGES.)
+    assert_eq!(
+        received + dropped,
+        MESSAGES + 1,
+        "drop: received + announced = published"
+    );
+    let last = runtime.block_on(async move {
+        let mut ws = conflate_sub;
+        let mut last = std::collections::HashMap::new();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), ws.next()).await {
+            if let Message::Binary(b) = m {
+                let n = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                let head: serde_json::Value = serde_json::from_slice(&b[4..4 + n]).unwrap();
+                let seq = head["seq"].as_u64().unwrap();
+                let old = last.insert(head["topic"].as_str().unwrap().to_owned(), seq);
+                assert!(old.is_none_or(|o| o < seq), "conflate: never a stale value");
+            }
+        }
+        last
+    });
+    for t in 0..TOPICS {
+        // Topic t got the warm-up message (seq 1) and every i ≡ t (mod TOPICS).
+        let newest = 1 + (1..=MESSAGES).filter(|i| i % TOPICS == t).count() as u64;
+        assert_eq!(
+            last.get(&format!("mem/conflate/{t}")),
+            Some(&newest),
+            "conflate: topic {t} ends on its newest value"
         );
     }
     let logs = serve.stop();
-    assert!(!logs.contains("panicked"), "{logs}");
+    assert!(!logs.contains("slow consumer"), "{logs}");
+    let _ = std::fs::remove_file(config);
 }
