@@ -10,7 +10,7 @@
 
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::node::now_us;
-use crate::socket::SharedWrite;
+use crate::socket::{DirectSocket, SharedWrite};
 use bytes::Buf;
 use herald_core::engine::Outbox;
 use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
@@ -27,7 +27,7 @@ pub struct Connection {
     out: Mutex<Outgoing>,
     /// The plain TCP socket, which queueing tasks may write to directly; `None` when only the
     /// writer task writes (TLS, VBDS).
-    socket: Option<OwnedWriteHalf>,
+    socket: Option<DirectSocket>,
     /// This connection, for the direct-write list (the engine hands out `&Connection`).
     me: Weak<Connection>,
     /// Wakes the writer when it has work: a first frame queued outside a direct-write batch, a
@@ -92,11 +92,11 @@ impl Connection {
         max_outbound_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
-        Self::build(Some(socket), max_outbound_bytes, metrics)
+        Self::build(Some(DirectSocket::new(socket)), max_outbound_bytes, metrics)
     }
 
     fn build(
-        socket: Option<OwnedWriteHalf>,
+        socket: Option<DirectSocket>,
         max_outbound_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
@@ -243,7 +243,7 @@ impl Connection {
             .socket
             .as_ref()
             .expect("a direct connection has a socket");
-        self.run_writer(SharedWrite(socket.as_ref()), grace).await
+        self.run_writer(SharedWrite(socket.stream()), grace).await
     }
 
     /// Writes queued frames to `io` until the close frame has gone out (or the socket fails).
@@ -328,7 +328,7 @@ impl Connection {
 
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
-fn write_without_waiting(socket: &OwnedWriteHalf, frames: &mut Vec<Frame>) -> io::Result<()> {
+fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::Result<()> {
     // Frames per system call. A direct write rarely has more than a few, and the slices are
     // initialised at every call.
     const MAX_FRAMES: usize = 16;
@@ -344,7 +344,8 @@ fn write_without_waiting(socket: &OwnedWriteHalf, frames: &mut Vec<Frame>) -> io
                     }
                 }
             }
-            match socket.try_write_vectored(&slices[..n]) {
+            let sent = socket.send(&slices[..n]);
+            match sent {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(written) => written,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),

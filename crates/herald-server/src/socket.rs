@@ -10,6 +10,7 @@ use bytes::{Buf, Bytes};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -128,6 +129,34 @@ impl AsyncWrite for SocketWrite {
             SocketWrite::Tcp(io) => Pin::new(io).poll_shutdown(cx),
             SocketWrite::Split(io) => Pin::new(io).poll_shutdown(cx),
         }
+    }
+}
+
+/// The write half of a plain TCP socket, for writes from any task through a shared reference.
+pub struct DirectSocket {
+    half: OwnedWriteHalf,
+    /// `half`'s descriptor, kept here: reading it through tokio's stream costs a cache miss per
+    /// write (4% of herald's core at 100,000 deliveries/s, perf).
+    fd: RawFd,
+}
+
+impl DirectSocket {
+    pub fn new(half: OwnedWriteHalf) -> Self {
+        let fd = half.as_ref().as_raw_fd();
+        DirectSocket { half, fd }
+    }
+
+    pub fn stream(&self) -> &TcpStream {
+        self.half.as_ref()
+    }
+
+    /// One non-blocking `sendmsg`. Not tokio's `try_write_vectored`, which first reads the
+    /// socket's readiness in tokio's I/O driver, another cache miss per delivery: a full
+    /// socket's EAGAIN goes to the writer task, whose tokio write learns readiness the usual way.
+    pub fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: `fd` belongs to `half`, which lives as long as `self`.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
+        socket2::SockRef::from(&fd).send_vectored_with_flags(slices, libc::MSG_NOSIGNAL)
     }
 }
 
