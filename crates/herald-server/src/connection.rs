@@ -217,6 +217,8 @@ impl Connection {
             }
             if frames.is_empty() {
                 out.writer = Writer::Nobody;
+                // Written out: an idle connection keeps little memory.
+                out.queue.shrink_idle();
                 let task_has_work = !out.queue.is_empty() || out.queue.next_due().is_some();
                 drop(out);
                 if task_has_work {

@@ -12,6 +12,7 @@
 
 use crate::connection::Connection;
 use crate::node::now_us;
+use herald_core::outbox::IDLE_CAPACITY;
 use herald_core::wire::Frame;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -83,6 +84,13 @@ impl Pending {
             } else {
                 conn.wake_writer();
             }
+        }
+        // A session keeps its `Pending` for life: an idle one should not keep a burst's room.
+        if self.frames.capacity() > IDLE_CAPACITY {
+            self.frames.shrink_to(IDLE_CAPACITY);
+        }
+        if self.conns.capacity() > 4 * FLUSH_AT {
+            self.conns.shrink_to(FLUSH_AT);
         }
     }
 }
