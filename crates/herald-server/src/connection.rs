@@ -261,8 +261,9 @@ impl Connection {
             if batch.is_empty() {
                 break;
             }
+            let (count, bytes) = (batch.len(), bytes_of(&batch));
             {
-                let write = write_frames(&mut io, &batch);
+                let write = write_frames(&mut io, &mut batch);
                 tokio::pin!(write);
                 if closed {
                     bounded(grace, &mut write).await?;
@@ -273,8 +274,7 @@ impl Connection {
                     }
                 }
             }
-            self.count_out(batch.len(), bytes_of(&batch));
-            batch.clear();
+            self.count_out(count, bytes);
         }
         let _ = tokio::time::timeout(grace, io.shutdown()).await;
         Ok(())
@@ -331,23 +331,18 @@ impl Connection {
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
 fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::Result<()> {
-    // Frames per system call. A direct write rarely has more than a few, and the slices are
-    // initialised at every call.
-    const MAX_FRAMES: usize = 16;
+    // Slices per system call. A direct write rarely has more than a few frames, and the array
+    // is initialised at every call.
+    const MAX_SLICES: usize = 32;
     while !frames.is_empty() {
         let written = {
-            let mut slices = [IoSlice::new(&[]); 2 * MAX_FRAMES];
-            let mut n = 0;
-            for frame in frames.iter().take(MAX_FRAMES) {
-                for part in [&frame.head, &frame.body] {
-                    if !part.is_empty() {
-                        slices[n] = IoSlice::new(part);
-                        n += 1;
-                    }
-                }
-            }
-            let sent = socket.send(&slices[..n]);
-            match sent {
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let n = slices
+                .iter_mut()
+                .zip(io_slices(frames))
+                .map(|(slot, s)| *slot = s)
+                .count();
+            match socket.send(&slices[..n]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(written) => written,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -357,6 +352,15 @@ fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::
         consume(frames, written);
     }
     Ok(())
+}
+
+/// The non-empty parts of `frames`, in order, for a vectored write.
+fn io_slices(frames: &[Frame]) -> impl Iterator<Item = IoSlice<'_>> {
+    frames
+        .iter()
+        .flat_map(|f| [&f.head, &f.body])
+        .filter(|part| !part.is_empty())
+        .map(|part| IoSlice::new(part))
 }
 
 fn bytes_of(frames: &[Frame]) -> usize {
@@ -395,42 +399,23 @@ async fn bounded(
         })
 }
 
-/// Writes every frame with as few vectored writes as the socket allows.
+/// Writes every frame with as few vectored writes as the socket allows, removing each from
+/// `frames` as it goes.
 pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
     io: &mut W,
-    frames: &[Frame],
+    frames: &mut Vec<Frame>,
 ) -> io::Result<()> {
     // At most IOV_MAX (1024 on Linux) slices per system call.
     const MAX_SLICES: usize = 1024;
-    let mut chunks: Vec<&[u8]> = Vec::with_capacity(frames.len() * 2);
-    for frame in frames {
-        chunks.extend(
-            [&frame.head[..], &frame.body[..]]
-                .into_iter()
-                .filter(|c| !c.is_empty()),
-        );
-    }
-    let (mut first, mut offset) = (0, 0);
-    while first < chunks.len() {
-        let end = chunks.len().min(first + MAX_SLICES);
-        let mut slices: Vec<IoSlice> = Vec::with_capacity(end - first);
-        slices.push(IoSlice::new(&chunks[first][offset..]));
-        slices.extend(chunks[first + 1..end].iter().map(|c| IoSlice::new(c)));
-        let mut written = io.write_vectored(&slices).await?;
+    while !frames.is_empty() {
+        let written = {
+            let slices: Vec<IoSlice> = io_slices(frames).take(MAX_SLICES).collect();
+            io.write_vectored(&slices).await?
+        };
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        while written > 0 {
-            let left = chunks[first].len() - offset;
-            if written >= left {
-                written -= left;
-                first += 1;
-                offset = 0;
-            } else {
-                offset += written;
-                written = 0;
-            }
-        }
+        consume(frames, written);
     }
     Ok(())
 }
@@ -484,7 +469,7 @@ mod tests {
                 out: Vec::new(),
                 step,
             };
-            write_frames(&mut sink, &frames).await.unwrap();
+            write_frames(&mut sink, &mut frames.clone()).await.unwrap();
             assert_eq!(sink.out, expected, "step {step}");
         }
     }

@@ -40,7 +40,7 @@ pub fn split(upgraded: Upgraded) -> (SocketRead, SocketWrite) {
         Ok((tcp, guard, read_ahead)) => {
             let (read, write) = tcp.into_split();
             let read = Prefixed {
-                // Even empty, hyper's leftover is a slice of its read buffer, kept alive by it.
+                // A copy: hyper's leftover is a slice of its whole read buffer, kept alive by it.
                 ahead: Bytes::copy_from_slice(&read_ahead),
                 io: read,
             };
@@ -71,10 +71,6 @@ impl<R: AsyncRead + Unpin> AsyncRead for Prefixed<R> {
         let n = self.ahead.len().min(buf.remaining());
         buf.put_slice(&self.ahead[..n]);
         self.ahead.advance(n);
-        if self.ahead.is_empty() {
-            // An empty slice would still hold hyper's whole read buffer.
-            self.ahead = Bytes::new();
-        }
         Poll::Ready(Ok(()))
     }
 }

@@ -283,7 +283,7 @@ async fn run_subscriber(
                 .last();
             if let Some((seq, frame)) = image {
                 progress.send_modify(|p| p.busy_with = Some(seq));
-                write_frames(&mut write, &chunks(frame.body)).await?;
+                write_frames(&mut write, &mut chunks(frame.body)).await?;
                 progress.send_modify(|p| p.sent = seq);
                 tokio::select! {
                     ack = acks.recv() => if ack.is_none() {
@@ -321,7 +321,7 @@ async fn run_subscriber(
 /// Tells a subscriber its stream is gone: close 1001 (going away), between two images.
 async fn stream_deleted(write: &mut WriteHalf, name: &str) -> std::io::Result<()> {
     let close = wire::encode_close(1001, &format!("stream {name} deleted"));
-    write_frames(write, &[close]).await
+    write_frames(write, &mut vec![close]).await
 }
 
 /// An image as VBDS sends it: binary chunks of at most [`CHUNK`] bytes, never one of exactly one
