@@ -79,8 +79,7 @@ impl Pending {
         let now = now_us();
         for (i, conn) in self.conns.drain(..).enumerate() {
             if i < direct {
-                conn.write_now(&mut self.frames, now);
-                self.frames.clear();
+                conn.write_now(&mut self.frames, now); // leaves it empty
             } else {
                 conn.wake_writer();
             }
