@@ -104,3 +104,37 @@ async fn concurrent_publishers_and_writer_tasks_never_interleave() {
     }
     server.stop().await;
 }
+
+/// A client may send its first frame in the same packet as its handshake: hyper has then read
+/// it already, and the session must still see it (the socket is taken out of hyper).
+#[tokio::test]
+async fn a_frame_sent_with_the_handshake_is_not_lost() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start(Config::default()).await;
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let request = format!(
+        "GET /ws HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        server.addr
+    );
+    let ping = br#"{"op":"ping","id":7}"#;
+    let mut bytes = request.into_bytes();
+    // A masked text frame with an all-zero mask: the payload goes as it is.
+    bytes.extend_from_slice(&[0x81, 0x80 | ping.len() as u8, 0, 0, 0, 0]);
+    bytes.extend_from_slice(ping);
+    tcp.write_all(&bytes).await.unwrap();
+    let mut got = Vec::new();
+    let reply = br#"{"op":"pong","id":7}"#;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !got.windows(reply.len()).any(|w| w == reply) {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout_at(deadline, tcp.read(&mut buf))
+            .await
+            .expect("the pong within 5 s")
+            .unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 101"));
+    server.stop().await;
+}
