@@ -685,6 +685,9 @@ async fn without_jetstream_a_recovery_fails_explicitly_and_at_once() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(b.metric("herald_cluster_jetstream_available"), 0);
     a.publish("t", b"1");
+    // Gone through NATS before B subscribes: else, on a loaded machine, B's new subscription
+    // could still catch it live, and B would answer from it (`epoch_changed`).
+    carried(&a, 1);
     let started = Instant::now();
     let since = json!({"op":"sub","id":1,"topic":"t","since":{"t":{"seq":0,"epoch":"x"}}});
     let mut ws = ws_request(&b, since).await;
