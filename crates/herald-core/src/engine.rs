@@ -13,8 +13,7 @@ use crate::wire::{
     self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::collections::HashMap;
 
 /// Where a connection's frames go. The server's implementation queues them for the socket
 /// writer; tests collect them.
@@ -150,68 +149,6 @@ pub struct TopicView<'a> {
     pub last: Option<&'a Frame>,
 }
 
-struct Stored {
-    seq: u64,
-    at_us: u64,
-    frame: Frame,
-}
-
-struct TopicState {
-    /// The name, shared with every queued delivery of this topic.
-    name: Arc<str>,
-    /// Index into `EngineConfig::policy`: the topic's default slow-consumer policy.
-    policy_rule: Option<usize>,
-    seq: u64,
-    epoch: String,
-    /// Index into `EngineConfig::history`, or `None` for last-value only.
-    rule: Option<usize>,
-    history: VecDeque<Stored>,
-    history_bytes: usize,
-    last: Option<Frame>,
-    /// The epoch was adopted from another node's message (see [`Engine::publish_remote`]): a
-    /// local publish must start an epoch of its own rather than reuse the origin's numbers.
-    foreign: bool,
-    /// The publish count when the last message from another node was recorded.
-    remote_at: u64,
-}
-
-impl TopicState {
-    /// Starts over under `epoch`: what is held belongs to another numbering.
-    fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
-        self.epoch = epoch;
-        self.seq = seq;
-        self.foreign = foreign;
-        self.history.clear();
-        self.history_bytes = 0;
-    }
-
-    fn trim_by_age(&mut self, rule: &HistoryRule, now_us: u64) {
-        let max_age_us = rule.max_age_secs.saturating_mul(1_000_000);
-        while let Some(oldest) = self.history.front() {
-            if now_us.saturating_sub(oldest.at_us) <= max_age_us {
-                break;
-            }
-            self.history_bytes -= oldest.frame.len();
-            self.history.pop_front();
-        }
-    }
-
-    fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
-        self.last = Some(stored.frame.clone());
-        let Some(rule) = rule.filter(|r| r.max_messages > 0) else {
-            return;
-        };
-        self.history_bytes += stored.frame.len();
-        self.history.push_back(stored);
-        while self.history.len() > rule.max_messages
-            || (self.history_bytes > rule.max_bytes && self.history.len() > 1)
-        {
-            let old = self.history.pop_front().expect("non-empty");
-            self.history_bytes -= old.frame.len();
-        }
-    }
-}
-
 struct Sub {
     pattern: Box<str>,
     /// Asked for in the request; `None` leaves each topic to its configured default.
@@ -288,12 +225,10 @@ struct Chosen {
 
 pub struct Engine<O> {
     config: EngineConfig,
-    topics: HashMap<Box<str>, TopicState>,
+    topics: Topics,
     index: SubscriptionIndex<ConnId>,
     conns: Vec<Option<Conn<O>>>,
     free: Vec<ConnId>,
-    epoch_seed: u64,
-    topics_created: u64,
     publish_count: u64,
     subscriptions: usize,
     /// `lossless` subscriptions held by all connections: while there are none, publishing
@@ -310,12 +245,10 @@ impl<O: Outbox> Engine<O> {
     pub fn new(config: EngineConfig, epoch_seed: u64) -> Self {
         Engine {
             config,
-            topics: HashMap::new(),
+            topics: Topics::new(epoch_seed),
             index: SubscriptionIndex::new(),
             conns: Vec::new(),
             free: Vec::new(),
-            epoch_seed,
-            topics_created: 0,
             publish_count: 0,
             subscriptions: 0,
             lossless: 0,
@@ -527,17 +460,7 @@ impl<O: Outbox> Engine<O> {
     /// records it, and hands it to every matching connection once.
     pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
         self.check(p)?;
-        let state = self.topic_state_of(&p.topic);
-        if state.foreign {
-            self.topics_created += 1;
-            let epoch = new_epoch(self.epoch_seed, self.topics_created);
-            let state = self
-                .topics
-                .get_mut(p.topic.as_str())
-                .expect("created above");
-            state.restart(epoch, 0, false);
-        }
-        Ok(self.append(p, now_us))
+        Ok(self.append(p, now_us, Numbering::Local))
     }
 
     /// Publishes a message another node published and numbered `(epoch, seq)`, keeping its
@@ -555,7 +478,7 @@ impl<O: Outbox> Engine<O> {
         now_us: u64,
     ) -> Result<RemotePublished, ProtocolError> {
         self.check(p)?;
-        let state = self.topic_state_of(&p.topic);
+        let state = self.topics.entry(&self.config, &p.topic, Numbering::Origin);
         let mut missed = 0;
         if state.epoch != epoch {
             state.restart(epoch.to_owned(), seq.saturating_sub(1), true);
@@ -576,7 +499,7 @@ impl<O: Outbox> Engine<O> {
         if missed > 0 {
             self.notify_hole(&p.topic, missed, before);
         }
-        let published = self.append(p, now_us);
+        let published = self.append(p, now_us, Numbering::Origin);
         let at = self.publish_count;
         if let Some(state) = self.topics.get_mut(p.topic.as_str()) {
             state.remote_at = at;
@@ -610,16 +533,6 @@ impl<O: Outbox> Engine<O> {
         });
     }
 
-    fn topic_state_of(&mut self, name: &str) -> &mut TopicState {
-        topic_entry(
-            &mut self.topics,
-            &self.config,
-            self.epoch_seed,
-            &mut self.topics_created,
-            name,
-        )
-    }
-
     /// Refuses a message that may not be published: bad topic, too large, text not UTF-8.
     fn check(&self, p: &Publish) -> Result<(), ProtocolError> {
         let fail = |e: ProtocolError| e.with_id(p.id.clone());
@@ -646,15 +559,9 @@ impl<O: Outbox> Engine<O> {
 
     /// Gives the message its topic's next sequence number, records it and fans it out under
     /// each connection's slow-consumer policy.
-    fn append(&mut self, p: &Publish, now_us: u64) -> Published {
+    fn append(&mut self, p: &Publish, now_us: u64, numbering: Numbering) -> Published {
         let config = &self.config;
-        let state = topic_entry(
-            &mut self.topics,
-            config,
-            self.epoch_seed,
-            &mut self.topics_created,
-            &p.topic,
-        );
+        let state = self.topics.entry(config, &p.topic, numbering);
         state.seq += 1;
         let name = state.name.clone();
         let default = state.policy_rule.map_or((Policy::Disconnect, None), |i| {
@@ -752,7 +659,7 @@ impl<O: Outbox> Engine<O> {
     }
 
     fn policy_rule_for(&self, topic_name: &str) -> Option<usize> {
-        policy_rule(&self.config, topic_name)
+        topics::policy_rule(&self.config, topic_name)
     }
 
     /// `{"op":"credit"}`: the subscription `pattern` grants `n` more messages and `bytes` more
@@ -787,8 +694,8 @@ impl<O: Outbox> Engine<O> {
     }
 
     #[cfg(test)]
-    fn topic_state(&mut self, name: &str) -> &mut TopicState {
-        self.topic_state_of(name)
+    fn topic_state(&mut self, name: &str) -> &mut topics::TopicState {
+        self.topics.entry(&self.config, name, Numbering::Origin)
     }
 
     fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
@@ -968,61 +875,9 @@ impl<O: Outbox> Engine<O> {
     }
 }
 
-/// The state of topic `name`, created (with a fresh epoch) on first use. A free function so that
-/// the caller can keep borrowing the config while it holds the state.
-fn topic_entry<'a>(
-    topics: &'a mut HashMap<Box<str>, TopicState>,
-    config: &EngineConfig,
-    epoch_seed: u64,
-    created: &mut u64,
-    name: &str,
-) -> &'a mut TopicState {
-    if !topics.contains_key(name) {
-        *created += 1;
-        let epoch = new_epoch(epoch_seed, *created);
-        let rule = config
-            .history
-            .iter()
-            .position(|r| topic::matches(&r.pattern, name));
-        let state = TopicState {
-            name: name.into(),
-            policy_rule: policy_rule(config, name),
-            seq: 0,
-            epoch,
-            rule,
-            history: VecDeque::new(),
-            history_bytes: 0,
-            last: None,
-            foreign: false,
-            remote_at: 0,
-        };
-        topics.insert(name.into(), state);
-    }
-    topics.get_mut(name).expect("inserted above")
-}
-
-/// The epoch of the `n`th topic state this engine created.
-fn new_epoch(epoch_seed: u64, n: u64) -> String {
-    format!("{:012x}", splitmix64(epoch_seed ^ n) >> 16)
-}
-
-/// The first configured policy rule that matches `name`.
-fn policy_rule(config: &EngineConfig, name: &str) -> Option<usize> {
-    config
-        .policy
-        .iter()
-        .position(|r| topic::matches(&r.pattern, name))
-}
-
-/// A fast, well-mixed 64-bit hash (Steele et al.), enough to make epochs unpredictable between
-/// runs given a random seed.
-fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 mod cluster;
+mod topics;
+
+use topics::{Numbering, Stored, Topics};
 #[cfg(test)]
 mod tests;

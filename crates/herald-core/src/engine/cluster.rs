@@ -5,7 +5,7 @@
 //!
 //! None of this is on the publish path.
 
-use super::{topic_entry, Engine, Outbox, Stored};
+use super::{Engine, Numbering, Outbox, Stored};
 use crate::topic;
 use crate::wire::{self, MessageMeta, Publish, Subscribe};
 use std::collections::BTreeMap;
@@ -97,13 +97,7 @@ impl<O: Outbox> Engine<O> {
             return;
         }
         let config = &self.config;
-        let state = topic_entry(
-            &mut self.topics,
-            config,
-            self.epoch_seed,
-            &mut self.topics_created,
-            topic_name,
-        );
+        let state = self.topics.entry(config, topic_name, Numbering::Origin);
         if state.epoch != epoch {
             if state.seq != 0 || state.last.is_some() {
                 return;
