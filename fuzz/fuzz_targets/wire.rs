@@ -1,5 +1,6 @@
-//! The protocol decoder on arbitrary client frames: it must never panic, and whatever it
-//! accepts must survive the engine and encode to a well-formed frame.
+//! The protocol decoder on arbitrary client frames: it must never panic, whatever it accepts
+//! must survive the engine and encode to a well-formed frame, and the plain-`pub` fast path
+//! must decode every text exactly as the general (serde) decoder does.
 #![no_main]
 
 use herald_core::engine::{Engine, EngineConfig, Outbox};
@@ -22,7 +23,11 @@ fuzz_target!(|data: &[u8]| {
         wire::decode_binary(bytes::Bytes::copy_from_slice(body))
     } else {
         match std::str::from_utf8(body) {
-            Ok(text) => wire::decode_text(text),
+            Ok(text) => {
+                let decoded = wire::decode_text(text);
+                assert_eq!(decoded, wire::decode_text_general(text), "{text}");
+                decoded
+            }
             Err(_) => return,
         }
     };

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+mod plain_pub;
+
 /// A request id: any JSON number or string, echoed verbatim in the reply.
 pub type RequestId = serde_json::Value;
 
@@ -185,16 +187,51 @@ struct RawRequest<'a> {
 
 /// Decodes a text frame: one JSON object.
 pub fn decode_text(text: &str) -> Result<Request, ProtocolError> {
+    decode_text_sharing(text, |data| Bytes::copy_from_slice(data.as_bytes()))
+}
+
+/// Decodes a text frame held in `frame`, whose bytes `text` is (checked UTF-8): a publish's
+/// payload is a slice of the frame rather than a copy.
+pub fn decode_text_frame(text: &str, frame: &Bytes) -> Result<Request, ProtocolError> {
+    debug_assert_eq!(text.as_bytes(), &frame[..]);
+    decode_text_sharing(text, |data| frame.slice_ref(data.as_bytes()))
+}
+
+/// Decodes a text frame; `share` makes a payload of a part of `text`.
+fn decode_text_sharing(
+    text: &str,
+    share: impl Fn(&str) -> Bytes,
+) -> Result<Request, ProtocolError> {
+    if let Some(p) = plain_pub::scan(text) {
+        return Ok(Request::Publish(Publish {
+            id: p.id,
+            topic: p.topic.to_owned(),
+            payload: share(p.data),
+            kind: PayloadKind::Text,
+            content_type: p.ct.map(str::to_owned),
+            stamp: p.stamp,
+        }));
+    }
+    decode_general(text, share)
+}
+
+/// The general decoder alone, without the plain-`pub` fast path: the definition the fast path
+/// is held to (tests and the `wire` fuzz target compare the two).
+pub fn decode_text_general(text: &str) -> Result<Request, ProtocolError> {
+    decode_general(text, |data| Bytes::copy_from_slice(data.as_bytes()))
+}
+
+fn decode_general(text: &str, share: impl Fn(&str) -> Bytes) -> Result<Request, ProtocolError> {
     let raw = parse_object(text).map_err(|e| {
         ProtocolError::new(
             "bad_json",
             format!("request is not a valid JSON object: {e}"),
         )
     })?;
-    let data = raw
-        .data
-        .as_ref()
-        .map(|d| Bytes::copy_from_slice(d.as_bytes()));
+    let data = raw.data.as_ref().map(|d| match d {
+        Cow::Borrowed(d) => share(d),
+        Cow::Owned(d) => Bytes::copy_from_slice(d.as_bytes()),
+    });
     into_request(raw, data.map(|d| (d, PayloadKind::Text)))
 }
 
@@ -855,5 +892,120 @@ mod tests {
         assert_eq!(u16::from_be_bytes([body[0], body[1]]), 4008);
         assert!(body.len() <= 125);
         assert!(std::str::from_utf8(&body[2..]).is_ok());
+    }
+
+    /// A `pub` request's fields in any order, mostly plain and sometimes not: values the fast
+    /// path takes, and values only serde may answer (escapes, nulls, floats, odd numbers,
+    /// another op, an unknown field, a duplicate).
+    fn publish_fields() -> impl proptest::strategy::Strategy<Value = Vec<String>> {
+        use proptest::prelude::*;
+        let string = prop_oneof![
+            6 => prop::sample::select(vec![r#""a/b""#, r#""""#, r#""été ✓""#, r#""1:2:xx""#]),
+            1 => prop::sample::select(vec![r#""x\"y""#, r#""\u00e9""#, "\"tab\there\"", "null", "1"]),
+        ];
+        let id = prop::sample::select(vec![
+            "0",
+            "7",
+            "-3",
+            "-0",
+            "007",
+            "1.5",
+            "2e3",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            r#""req-1""#,
+            "true",
+            "-",
+            "1x",
+        ]);
+        let boolean = prop::sample::select(vec!["true", "false", "null", "1", "tru"]);
+        let op = prop_oneof![6 => Just(r#""pub""#), 1 => Just(r#""sub""#), 1 => Just(r#""pu""#)];
+        let required = (op, string.clone(), string.clone()).prop_map(|(op, topic, data)| {
+            vec![
+                format!(r#""op":{op}"#),
+                format!(r#""topic":{topic}"#),
+                format!(r#""data":{data}"#),
+            ]
+        });
+        let optional = prop_oneof![
+            string.clone().prop_map(|v| format!(r#""ct":{v}"#)),
+            id.prop_map(|v| format!(r#""id":{v}"#)),
+            boolean.prop_map(|v| format!(r#""stamp":{v}"#)),
+            string.prop_map(|v| format!(r#""topic":{v}"#)),
+            Just(r#""extra":[1,{"a":2}]"#.to_owned()),
+        ];
+        (required, prop::collection::vec(optional, 0..3))
+            .prop_flat_map(|(mut fields, optional)| {
+                fields.extend(optional);
+                Just(fields).prop_shuffle()
+            })
+            .prop_map(|mut fields| {
+                // Now and then a required field goes missing.
+                if fields.len() > 3 && fields[0].starts_with(r#""extra""#) {
+                    fields.remove(1);
+                }
+                fields
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2000))]
+        /// Whatever the plain-`pub` fast path accepts decodes exactly as serde decodes it, and
+        /// what it declines is answered by serde: `decode_text` and the general decoder agree on
+        /// every request, errors included.
+        #[test]
+        fn the_plain_pub_fast_path_agrees_with_serde(
+            fields in publish_fields(),
+            space in proptest::sample::select(vec!["", " ", "\n\t ", "\r"]),
+            tail in proptest::sample::select(vec!["", "", "", " ", "x", ",", "}"]),
+        ) {
+            let text = format!("{space}{{{space}{}{space}}}{tail}", fields.join(&format!("{space},{space}")));
+            proptest::prop_assert_eq!(decode_text(&text), decode_text_general(&text), "{}", text);
+        }
+    }
+
+    #[test]
+    fn the_fast_path_takes_plain_publishes_and_declines_the_rest() {
+        let plain = [
+            r#"{"op":"pub","topic":"a/b","stamp":true,"data":"1700000000:4:xxxx"}"#,
+            r#" { "id" : 12 , "data":"", "op":"pub", "topic":"t", "ct":"text/plain" } "#,
+            r#"{"op":"pub","id":"r1","topic":"a","data":"été","stamp":false}"#,
+        ];
+        for text in plain {
+            assert!(plain_pub::scan(text).is_some(), "{text}");
+            assert_eq!(decode_text(text), decode_text_general(text), "{text}");
+        }
+        let declined = [
+            r#"{"op":"pub","topic":"a","data":"q\"q"}"#,
+            r#"{"op":"pub","topic":"a","data":"x","ct":null}"#,
+            r#"{"op":"pub","topic":"a","data":"x","id":1.0}"#,
+            r#"{"op":"pub","topic":"a","data":"x","topic":"b"}"#,
+            r#"{"op":"pub","topic":"a","data":"x","other":1}"#,
+            r#"{"op":"sub","topic":"a"}"#,
+            r#"{"op":"pub","topic":"a"}"#,
+            r#"{"op":"pub","topic":"a","data":"x"} x"#,
+            r#"{"op":"pub","topic":"a","data":"x""#,
+            r#"{"op":"pub","topic":"a","data":"x","id":-"#,
+        ];
+        for text in declined {
+            assert!(plain_pub::scan(text).is_none(), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_text_frame_publish_shares_the_frame() {
+        let frame = Bytes::from_static(br#"{"op":"pub","topic":"a","data":"hello"}"#);
+        let text = std::str::from_utf8(&frame).unwrap();
+        let Ok(Request::Publish(p)) = decode_text_frame(text, &frame) else {
+            panic!("not a publish")
+        };
+        assert_eq!(&p.payload[..], b"hello");
+        let inside = frame.as_ptr_range();
+        assert!(
+            inside.contains(&p.payload.as_ptr()),
+            "the payload was copied"
+        );
     }
 }

@@ -400,8 +400,8 @@ async fn read_requests<R: AsyncRead + Unpin>(
             _ => return close_for_error(conn, &WebSocketError::InvalidFragment, limit),
         };
         let decoded = match message {
-            (OpCode::Text, text) => match std::str::from_utf8(&text) {
-                Ok(text) => wire::decode_text(text),
+            (OpCode::Text, frame) => match std::str::from_utf8(&frame) {
+                Ok(text) => wire::decode_text_frame(text, &frame),
                 Err(_) => return close_for_error(conn, &WebSocketError::InvalidUTF8, limit),
             },
             (_, binary) => wire::decode_binary(binary),
