@@ -407,19 +407,7 @@ impl<O: Outbox> Engine<O> {
         now_us: u64,
     ) -> Result<Option<Published>, &'static str> {
         let result = match request {
-            Request::Publish(p) => self.publish(&p, now_us).map(|published| {
-                if let Some(id) = p.id {
-                    self.reply(
-                        conn,
-                        &Reply::Ack {
-                            id,
-                            topic: p.topic,
-                            seq: published.seq,
-                        },
-                    );
-                }
-                Some(published)
-            }),
+            Request::Publish(p) => return self.publish_from(conn, &p, now_us).map(Some),
             Request::Subscribe(s) => self.subscribe(conn, s, now_us).map(|()| None),
             Request::Unsubscribe { id, topic } => self.unsubscribe(conn, id, topic).map(|()| None),
             Request::Ping { id } => {
@@ -443,6 +431,35 @@ impl<O: Outbox> Engine<O> {
             self.reply(conn, &e.into());
             code
         })
+    }
+
+    /// A publish from connection `conn`: acknowledged when it carries an `id`, refused with an
+    /// error reply. Takes the request by reference, so that a server holding it while the
+    /// publish waits for a `lossless` subscriber need not copy it.
+    pub fn publish_from(
+        &mut self,
+        conn: ConnId,
+        p: &Publish,
+        now_us: u64,
+    ) -> Result<Published, &'static str> {
+        match self.publish(p, now_us) {
+            Ok(published) => {
+                if let Some(id) = &p.id {
+                    let ack = Reply::Ack {
+                        id: id.clone(),
+                        topic: p.topic.clone(),
+                        seq: published.seq,
+                    };
+                    self.reply(conn, &ack);
+                }
+                Ok(published)
+            }
+            Err(e) => {
+                let code = e.code;
+                self.reply(conn, &e.into());
+                Err(code)
+            }
+        }
     }
 
     /// Sends `reply` to one connection.

@@ -115,16 +115,14 @@ impl Node {
         pending: &mut Pending,
     ) -> Result<Option<Published>, &'static str> {
         if let Request::Publish(p) = &request {
-            let (topic, len) = (p.topic.clone(), p.payload.len());
-            let publish = self.broker.is_some().then(|| p.clone());
             return self
-                .when_admitted(&topic, len, pending, |engine, pending| {
+                .when_admitted(&p.topic, p.payload.len(), pending, |engine, pending| {
                     let now = now_us();
-                    let result = pending.collect(|| engine.handle(conn, request, now));
-                    if let (Ok(Some(published)), Some(p)) = (&result, &publish) {
+                    let result = pending.collect(|| engine.publish_from(conn, p, now));
+                    if let Ok(published) = &result {
                         self.hand_to_broker(engine, p, published, now);
                     }
-                    result
+                    result.map(Some)
                 })
                 .await;
         }

@@ -104,9 +104,7 @@ impl<'a> Scanner<'a> {
     fn string(&mut self) -> Option<&'a str> {
         self.expect(b'"')?;
         let start = self.at;
-        let len = self.bytes()[start..]
-            .iter()
-            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        let len = super::unescaped_len(&self.bytes()[start..]);
         self.at = start + len;
         self.expect(b'"')?;
         Some(&self.text[start..start + len])
