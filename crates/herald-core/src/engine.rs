@@ -194,6 +194,15 @@ impl<O> Conn<O> {
         if self.explicit == 0 {
             return chosen;
         }
+        // The index found this connection through a subscription that matches: with only one,
+        // it is that one, and no pattern needs matching again.
+        if let [only] = self.subs.as_slice() {
+            return Chosen {
+                policy: only.policy.unwrap_or(default.0),
+                max_rate: only.max_rate.or(default.1),
+                sub: Some(0),
+            };
+        }
         let mut best: Option<Chosen> = None;
         for (i, s) in self.subs.iter().enumerate() {
             if !topic::matches(&s.pattern, topic) {
@@ -528,11 +537,7 @@ impl<O: Outbox> Engine<O> {
     /// message arrived (publish count `before`) that `missed` messages never came. Those who
     /// subscribed later did not miss them: this node was not following the topic meanwhile.
     fn notify_hole(&mut self, name: &str, missed: u64, before: u64) {
-        let notice = wire::encode_reply(&Reply::Dropped {
-            topic: name.to_owned(),
-            count: missed,
-            reason: "remote",
-        });
+        let notice = wire::encode_dropped(name, missed, "remote");
         self.publish_count += 1;
         let generation = self.publish_count;
         let conns = &mut self.conns;

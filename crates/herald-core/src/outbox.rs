@@ -5,9 +5,9 @@
 //! frame's full length: that is what a slow reader makes the server hold on its behalf.
 
 use crate::policy::QueuePolicy;
-use crate::wire::{self, Frame, Reply};
+use crate::wire::{self, Frame};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 /// What became of a pushed frame.
@@ -64,6 +64,10 @@ struct Conflation {
 /// Queue slots an idle connection keeps (see [`OutboundQueue::shrink_idle`]).
 pub const IDLE_CAPACITY: usize = 8;
 
+/// Per-topic maps, hashed with foldhash as the subscription index is: they are touched on every
+/// `drop` or `conflate` delivery, and std's SipHash of the topic cost more than the rest of it.
+type TopicMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 pub struct OutboundQueue {
     /// Queued frames in order; a `None` is a dropped message's hole.
@@ -73,11 +77,11 @@ pub struct OutboundQueue {
     live: usize,
     /// Positions of the queued `drop` messages, oldest first.
     droppable: VecDeque<u64>,
-    conflated: HashMap<Arc<str>, Conflation>,
+    conflated: TopicMap<Arc<str>, Conflation>,
     /// Throttled topics by the time their held message may go.
     due: BinaryHeap<Reverse<(u64, Arc<str>)>>,
     /// Messages not delivered, by topic and reason, announced before anything else queued.
-    notices: HashMap<(Arc<str>, &'static str), u64>,
+    notices: TopicMap<(Arc<str>, &'static str), u64>,
     bytes: usize,
     held_bytes: usize,
     limit: usize,
@@ -261,13 +265,11 @@ impl OutboundQueue {
         // Checked first: draining a map that once held notices walks its whole table, and this
         // runs at every writer wake-up.
         if !self.notices.is_empty() {
-            out.extend(self.notices.drain().map(|((topic, reason), count)| {
-                wire::encode_reply(&Reply::Dropped {
-                    topic: topic.to_string(),
-                    count,
-                    reason,
-                })
-            }));
+            out.extend(
+                self.notices
+                    .drain()
+                    .map(|((topic, reason), count)| wire::encode_dropped(&topic, count, reason)),
+            );
         }
         self.base += self.slots.len() as u64;
         for entry in self.slots.drain(..).flatten() {
