@@ -8,8 +8,14 @@
 # difference between the two totals, divided by the difference in messages (from herald's own
 # /metrics), cancels start-up, connection and shutdown costs and leaves the steady state.
 #
+# LOAD=ingest measures taking messages in alone: one publisher sending 16-byte text round-robin
+# over 1,000 topics at RATE (default 5,000) msg/s and no subscriber (bench/scenarios/
+# conflation.toml with clients = 0); LOAD=conflate adds its one `conflate`, max_rate = 2
+# subscriber on every topic. Both print instructions per message published.
+#
 # Usage: bench/callgrind.sh [HERALD_BIN]   (default target/release/herald)
 #        SHORT=5 LONG=15 RATE=300 PORT=18091 bench/callgrind.sh
+#        LOAD=ingest bench/callgrind.sh   or LOAD=conflate
 #        KEEP=DIR bench/callgrind.sh   keeps the callgrind profiles (callgrind_annotate DIR/…)
 # Prints one Markdown table row; commit it in bench/RESULTS.md with the commit it measured.
 set -euo pipefail
@@ -18,7 +24,12 @@ cd "$(dirname "$0")/.."
 herald="${1:-target/release/herald}"
 short="${SHORT:-5}"
 long="${LONG:-15}"
-rate="${RATE:-300}"
+load="${LOAD:-fanout}"
+case "$load" in
+  fanout) rate="${RATE:-300}" ;;
+  ingest | conflate) rate="${RATE:-5000}" ;;
+  *) echo "LOAD must be fanout, ingest or conflate, not $load" >&2; exit 2 ;;
+esac
 port="${PORT:-18091}"
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 [ -x "$herald" ] || { echo "no herald binary at $herald (cargo build --release)" >&2; exit 2; }
@@ -41,15 +52,26 @@ run() {
   local out="$work/callgrind.$1"
   # One core, hence one tokio worker thread: the production benchmark's placement, and the
   # same scheduling in every run.
+  # herald's per-connection frame limit (100,000/s by default) is lifted, as the conflation
+  # scenario does, so that a publisher is never throttled.
+  printf '[limits]\nmax_messages_per_sec = 0\nmax_bytes_per_sec = 0\n' >"$work/herald.toml"
   taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no \
-    "$herald" serve --listen "127.0.0.1:$port" --log warn >"$work/valgrind.$1.log" 2>&1 &
+    "$herald" serve --listen "127.0.0.1:$port" --log warn --config "$work/herald.toml" \
+    >"$work/valgrind.$1.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 600); do
     curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
     sleep 0.1
   done
-  "$herald" bench --kind fanout --url "ws://127.0.0.1:$port/ws" --clients 100 --topics 100 \
-    --subs 10 --publishers 1 --rate "$rate" --payload 50 --warmup 0 --duration "$1" \
+  local load_args
+  if [ "$load" = fanout ]; then
+    load_args=(--kind fanout --clients 100 --topics 100 --subs 10 --publishers 1
+      --rate "$rate" --payload 50 --warmup 0 --duration "$1")
+  else
+    load_args=(bench/scenarios/conflation.toml --set "clients=$([ "$load" = conflate ] && echo 1 || echo 0)"
+      --set publishers=1 --set "rate=$rate" --set warmup=0 --set "duration=$1")
+  fi
+  taskset -c 1 "$herald" bench "${load_args[@]}" --url "ws://127.0.0.1:$port/ws" \
     >"$work/bench.$1.log" 2>&1 || { cat "$work/bench.$1.log" >&2; exit 1; }
   local msgs deliveries
   msgs="$(metric 'herald_messages_in_total{source="ws"}')"
@@ -64,12 +86,18 @@ run() {
 
 read -r i1 m1 d1 < <(run "$short")
 read -r i2 m2 d2 < <(run "$long")
-python3 - "$i1" "$m1" "$d1" "$i2" "$m2" "$d2" <<'EOF'
+python3 - "$load" "$i1" "$m1" "$d1" "$i2" "$m2" "$d2" <<'EOF'
 import sys
-i1, m1, d1, i2, m2, d2 = map(int, sys.argv[1:])
+load = sys.argv[1]
+i1, m1, d1, i2, m2, d2 = map(int, sys.argv[2:])
 dm, dd, di = m2 - m1, d2 - d1, i2 - i1
 print(f"runs: {m1} msgs / {d1} deliveries / {i1:,} instr; {m2} / {d2} / {i2:,}")
-print("| messages | deliveries | instructions per message published | per delivery (fan-out 10) |")
-print("|---:|---:|---:|---:|")
-print(f"| {dm:,} | {dd:,} | {di / dm:,.0f} | {di / dd:,.0f} |")
+if load == "fanout":
+    print("| messages | deliveries | instructions per message published | per delivery (fan-out 10) |")
+    print("|---:|---:|---:|---:|")
+    print(f"| {dm:,} | {dd:,} | {di / dm:,.0f} | {di / dd:,.0f} |")
+else:
+    print(f"| load | messages | instructions per message published |")
+    print("|---|---:|---:|")
+    print(f"| {load} | {dm:,} | {di / dm:,.0f} |")
 EOF
