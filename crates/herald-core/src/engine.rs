@@ -12,6 +12,7 @@ use crate::topic;
 use crate::wire::{
     self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
 };
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -149,25 +150,75 @@ pub struct TopicView<'a> {
     pub last: Option<&'a Frame>,
 }
 
+/// One subscription of a connection. Kept small: a connection may hold hundreds, and at 100
+/// each this struct and its pattern's allocation were most of a connection's memory.
 struct Sub {
-    pattern: Box<str>,
-    /// Asked for in the request; `None` leaves each topic to its configured default.
+    /// Inline up to 24 bytes (nearly every pattern), so a subscription allocates nothing.
+    pattern: CompactString,
+    /// The publish count when it was subscribed (see [`Engine::publish_remote`]: who was
+    /// listening before a hole).
+    subscribed_at: u64,
+    /// A policy or rate asked for in the request; `None` (most subscriptions) leaves each
+    /// topic to its configured default. Boxed: it is larger than the rest of the struct.
+    options: Option<Box<SubOptions>>,
+}
+
+// What a subscription costs a connection; grows only on purpose.
+const _: () = assert!(std::mem::size_of::<Sub>() <= 40);
+
+struct SubOptions {
     policy: Option<Policy>,
     max_rate: Option<f64>,
     /// `lossless`: messages (and bytes) the subscriber still grants.
     credit: Credit,
-    /// The publish count when it was subscribed (see [`Engine::publish_remote`]: who was
-    /// listening before a hole).
-    subscribed_at: u64,
 }
 
 impl Sub {
+    fn new(s: &Subscribe, subscribed_at: u64) -> Self {
+        let explicit = s.policy.is_some() || s.max_rate.is_some();
+        let options = explicit.then(|| {
+            Box::new(SubOptions {
+                policy: s.policy,
+                max_rate: s.max_rate,
+                credit: if s.policy == Some(Policy::Lossless) {
+                    Credit::new(s.window, s.window_bytes, DEFAULT_WINDOW)
+                } else {
+                    Credit::default()
+                },
+            })
+        });
+        Sub {
+            pattern: CompactString::from(s.topic.as_str()),
+            subscribed_at,
+            options,
+        }
+    }
+
+    fn policy(&self) -> Option<Policy> {
+        self.options.as_ref().and_then(|o| o.policy)
+    }
+
+    fn max_rate(&self) -> Option<f64> {
+        self.options.as_ref().and_then(|o| o.max_rate)
+    }
+
+    /// What a `lossless` subscription still grants (nothing, for any other).
+    fn credit(&self) -> Credit {
+        self.options
+            .as_ref()
+            .map_or_else(Credit::default, |o| o.credit)
+    }
+
+    fn credit_mut(&mut self) -> Option<&mut Credit> {
+        self.options.as_mut().map(|o| &mut o.credit)
+    }
+
     fn is_explicit(&self) -> bool {
-        self.policy.is_some() || self.max_rate.is_some()
+        self.options.is_some()
     }
 
     fn is_lossless(&self) -> bool {
-        self.policy == Some(Policy::Lossless)
+        self.policy() == Some(Policy::Lossless)
     }
 }
 
@@ -198,8 +249,8 @@ impl<O> Conn<O> {
         // it is that one, and no pattern needs matching again.
         if let [only] = self.subs.as_slice() {
             return Chosen {
-                policy: only.policy.unwrap_or(default.0),
-                max_rate: only.max_rate.or(default.1),
+                policy: only.policy().unwrap_or(default.0),
+                max_rate: only.max_rate().or(default.1),
                 sub: Some(0),
             };
         }
@@ -208,13 +259,13 @@ impl<O> Conn<O> {
             if !topic::matches(&s.pattern, topic) {
                 continue;
             }
-            let policy = s.policy.unwrap_or(default.0);
+            let policy = s.policy().unwrap_or(default.0);
             if best.is_some_and(|b| b.policy.rank() >= policy.rank()) {
                 continue;
             }
             best = Some(Chosen {
                 policy,
-                max_rate: s.max_rate.or(default.1),
+                max_rate: s.max_rate().or(default.1),
                 sub: Some(i),
             });
         }
@@ -276,7 +327,7 @@ impl<O: Outbox> Engine<O> {
         let mut counts: HashMap<Box<str>, usize> = HashMap::new();
         for c in self.conns.iter().flatten() {
             for sub in &c.subs {
-                *counts.entry(sub.pattern.clone()).or_default() += 1;
+                *counts.entry(sub.pattern.as_str().into()).or_default() += 1;
             }
         }
         self.interest_changes = counts
@@ -627,11 +678,13 @@ impl<O: Outbox> Engine<O> {
             c.seen = generation;
             let chosen = c.policy_for(&p.topic, default);
             if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
-                if !c.subs[i].credit.covers(p.payload.len()) {
-                    cut.push(id);
-                    return;
+                match c.subs[i].credit_mut() {
+                    Some(credit) if credit.covers(p.payload.len()) => credit.spend(p.payload.len()),
+                    _ => {
+                        cut.push(id);
+                        return;
+                    }
                 }
-                c.subs[i].credit.spend(p.payload.len());
             }
             let delivery = Delivery {
                 topic: &name,
@@ -673,7 +726,7 @@ impl<O: Outbox> Engine<O> {
             if let Some(c) = self.conns[id as usize].as_ref() {
                 let chosen = c.policy_for(topic_name, default);
                 if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
-                    held |= !c.subs[i].credit.covers(len);
+                    held |= !c.subs[i].credit().covers(len);
                 }
             }
         });
@@ -699,7 +752,9 @@ impl<O: Outbox> Engine<O> {
         };
         match c.subs.iter_mut().find(|s| *s.pattern == *pattern) {
             Some(s) if s.is_lossless() => {
-                s.credit.grant(n, bytes);
+                if let Some(credit) = s.credit_mut() {
+                    credit.grant(n, bytes);
+                }
                 Ok(())
             }
             Some(_) => Err(ProtocolError::new(
@@ -797,17 +852,7 @@ impl<O: Outbox> Engine<O> {
             frames.extend(self.last_values(&s.topic, &s.since));
         }
 
-        let sub = Sub {
-            pattern: s.topic.as_str().into(),
-            policy: s.policy,
-            max_rate: s.max_rate,
-            credit: if s.policy == Some(Policy::Lossless) {
-                Credit::new(s.window, s.window_bytes, DEFAULT_WINDOW)
-            } else {
-                Credit::default()
-            },
-            subscribed_at: self.publish_count,
-        };
+        let sub = Sub::new(&s, self.publish_count);
         self.lossless += usize::from(sub.is_lossless());
         let c = self.conns[conn as usize].as_mut().expect("checked above");
         c.explicit += usize::from(sub.is_explicit());
