@@ -13,6 +13,7 @@
 //! - [`group`]    — pools in this process or in worker processes (past ~19,000 connections).
 //! - [`wire`]     — the native protocol's frames, and cheap parsing of deliveries.
 //! - [`integrity`] — lost / duplicate / out-of-order / discard accounting per subscriber+topic.
+//! - [`fairness`] — each subscriber's own p99, and their spread (best, median, worst).
 //! - [`stats`]    — histograms and the seeds' statistics (mean, median, mode, p99, p99.9, …).
 //! - [`report`]   — progress line, Markdown table, JSON, SVG plot.
 //! - [`spawn`]    — `--spawn`: a `herald serve` child, pinned apart from the bench.
@@ -21,6 +22,7 @@
 //! The CLI wires it as `Command::Bench(herald_bench::BenchArgs) => herald_bench::run(args)`.
 //! See docs/bench.md for the flags, the scenario format and the JSON schema.
 
+pub mod fairness;
 pub mod group;
 pub mod integrity;
 pub mod load;

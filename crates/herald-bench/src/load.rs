@@ -9,7 +9,8 @@
 //!
 //! Per delivery the client: reads the frame ([`crate::wire`]), finds the topic's slot in its
 //! block by subtraction ([`crate::schedule::Assignment`]), updates the (subscriber, topic)
-//! [`TopicTrack`], and records receive − send (and the two legs when herald stamped it).
+//! [`TopicTrack`], and records receive − send (and the two legs when herald stamped it), into the
+//! pool's histograms and into the subscriber's own ([`crate::fairness`]).
 //!
 //! Stock-exchange clients can also trade: every `trader.every`-th client publishes an order on
 //! its share every `trader.interval_us`.
@@ -25,6 +26,7 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use crate::fairness::SubscriberLatency;
 use crate::integrity::{Counts, TopicTrack};
 use crate::schedule::{Assignment, Schedule};
 use crate::stats;
@@ -184,6 +186,9 @@ pub struct Snapshot {
     pub latency: Histogram<u64>,
     pub pub_to_server: Histogram<u64>,
     pub server_to_sub: Histogram<u64>,
+    /// Each subscriber's p99 latency in the window, µs, for those with enough samples
+    /// ([`crate::fairness::MIN_SAMPLES`]); in no particular order.
+    pub sub_p99_us: Vec<u64>,
     pub raw: Vec<RawSample>,
     pub errors: Vec<String>,
     /// CPU seconds of the process the pool ran in since its previous collect (workers only).
@@ -200,6 +205,7 @@ impl Snapshot {
             latency: stats::new_histogram(),
             pub_to_server: stats::new_histogram(),
             server_to_sub: stats::new_histogram(),
+            sub_p99_us: vec![],
             raw: vec![],
             errors: vec![],
             cpu_s: 0.0,
@@ -214,6 +220,7 @@ impl Snapshot {
         let _ = self.latency.add(&o.latency);
         let _ = self.pub_to_server.add(&o.pub_to_server);
         let _ = self.server_to_sub.add(&o.server_to_sub);
+        self.sub_p99_us.extend(o.sub_p99_us);
         self.raw.extend(o.raw);
         for e in o.errors {
             push_error(&mut self.errors, e);
@@ -230,6 +237,7 @@ impl Snapshot {
             latency: stats::encode_histogram(&self.latency),
             pub_to_server: stats::encode_histogram(&self.pub_to_server),
             server_to_sub: stats::encode_histogram(&self.server_to_sub),
+            sub_p99_us: self.sub_p99_us.clone(),
             raw: self.raw.clone(),
             errors: self.errors.clone(),
             cpu_s: self.cpu_s,
@@ -247,6 +255,8 @@ pub struct SnapshotWire {
     pub latency: String,
     pub pub_to_server: String,
     pub server_to_sub: String,
+    #[serde(default)]
+    pub sub_p99_us: Vec<u64>,
     pub raw: Vec<RawSample>,
     pub errors: Vec<String>,
     pub cpu_s: f64,
@@ -262,6 +272,7 @@ impl SnapshotWire {
             latency: stats::decode_histogram(&self.latency)?,
             pub_to_server: stats::decode_histogram(&self.pub_to_server)?,
             server_to_sub: stats::decode_histogram(&self.server_to_sub)?,
+            sub_p99_us: self.sub_p99_us,
             raw: self.raw,
             errors: self.errors,
             cpu_s: self.cpu_s,
@@ -372,6 +383,8 @@ struct Local {
     latency: Histogram<u64>,
     pub_to_server: Histogram<u64>,
     server_to_sub: Histogram<u64>,
+    /// Each connected subscriber's own latencies, indexed by [`Receiver::slot`].
+    subscribers: Vec<SubscriberLatency>,
     raw: Vec<RawSample>,
     errors: Vec<String>,
     stop: Rc<tokio::sync::Notify>,
@@ -393,6 +406,11 @@ impl Local {
             latency: std::mem::replace(&mut self.latency, stats::new_histogram()),
             pub_to_server: std::mem::replace(&mut self.pub_to_server, stats::new_histogram()),
             server_to_sub: std::mem::replace(&mut self.server_to_sub, stats::new_histogram()),
+            sub_p99_us: self
+                .subscribers
+                .iter_mut()
+                .filter_map(SubscriberLatency::take_p99)
+                .collect(),
             raw: std::mem::take(&mut self.raw),
             errors: std::mem::take(&mut self.errors),
             cpu_s: 0.0,
@@ -417,6 +435,7 @@ async fn pool_main(
         latency: stats::new_histogram(),
         pub_to_server: stats::new_histogram(),
         server_to_sub: stats::new_histogram(),
+        subscribers: vec![],
         raw: vec![],
         errors: vec![],
         stop: Rc::new(tokio::sync::Notify::new()),
@@ -530,7 +549,12 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
         return;
     }
     let tracks = Rc::new(RefCell::new(vec![TopicTrack::default(); topics.len()]));
-    local.borrow_mut().tracks.push(tracks.clone());
+    let slot = {
+        let mut l = local.borrow_mut();
+        l.tracks.push(tracks.clone());
+        l.subscribers.push(SubscriberLatency::default());
+        l.subscribers.len() - 1
+    };
     let rx = Receiver {
         local,
         shared,
@@ -538,6 +562,7 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
         assignment,
         id,
         tracks,
+        slot,
         pending_subs: topics.len(),
     };
     // A trader publishes on its own share from a separate local task with the write handle.
@@ -557,6 +582,8 @@ struct Receiver {
     assignment: Assignment,
     id: u64,
     tracks: Rc<RefCell<Vec<TopicTrack>>>,
+    /// This subscriber's place in [`Local::subscribers`].
+    slot: usize,
     pending_subs: usize,
 }
 
@@ -617,7 +644,9 @@ impl Receiver {
                     l.window_received += 1;
                     l.window_bytes += d.len as u64;
                     if let Some(send) = d.send_us {
-                        stats::record(&mut l.latency, recv_us as i64 - send as i64);
+                        let us = recv_us as i64 - send as i64;
+                        stats::record(&mut l.latency, us);
+                        l.subscribers[self.slot].record(us);
                         if let Some(ts) = d.ts {
                             stats::record(&mut l.pub_to_server, ts as i64 - send as i64);
                             stats::record(&mut l.server_to_sub, recv_us as i64 - ts as i64);
@@ -746,6 +775,7 @@ mod tests {
         let mut s = Snapshot::empty();
         stats::record(&mut s.latency, 40);
         s.counts.lost = 2;
+        s.sub_p99_us = vec![700, 300];
         let back = s.to_wire();
         let json = serde_json::to_string(&back).unwrap();
         let s2 = serde_json::from_str::<SnapshotWire>(&json)
@@ -754,5 +784,6 @@ mod tests {
             .unwrap();
         assert_eq!(s2.latency.len(), 1);
         assert_eq!(s2.counts.lost, 2);
+        assert_eq!(s2.sub_p99_us, [700, 300]);
     }
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fairness::Fairness;
 use crate::scenario::Kind;
 use crate::stats::Summary;
 
@@ -61,6 +62,10 @@ pub struct StepResult {
     /// herald → subscriber (receive − `ts`), µs, when stamping.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_to_sub_us: Option<Summary>,
+    /// The spread of the subscribers' own p99s (fan-out and filtering steps, when at least one
+    /// subscriber had enough samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<Fairness>,
     /// Kind-specific figures (discard rate, images/s, tx/s, per-trial leg tables …).
     pub extra: serde_json::Map<String, serde_json::Value>,
     /// The first distinct errors seen.
@@ -356,7 +361,30 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
                     .join("; ")
             );
         }
+        if steps.iter().any(|s| s.fairness.is_some()) {
+            let _ = writeln!(
+                o,
+                "Fairness (each subscriber's p99, µs: best / median / worst, worst ÷ best, subscribers): {}\n",
+                steps
+                    .iter()
+                    .filter_map(|s| s.fairness.as_ref().map(fairness_cells))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
     }
+}
+
+/// One step's fairness figures, as the report and the progress line print them.
+pub fn fairness_cells(f: &Fairness) -> String {
+    format!(
+        "{} / {} / {}, {:.2}×, {}",
+        fmt_us(f.best_p99_us),
+        fmt_us(f.median_p99_us),
+        fmt_us(f.worst_p99_us),
+        f.spread,
+        f.subscribers
+    )
 }
 
 fn proxy_tables(o: &mut String, r: &RunReport) {
@@ -872,6 +900,32 @@ mod tests {
         for k in ["min", "mean", "p50", "p99", "p999", "max", "stdev"] {
             assert!(s["latency_us"].get(k).is_some(), "missing latency_us.{k}");
         }
+    }
+
+    #[test]
+    fn fairness_line_and_json_fields() {
+        let mut r = report(Kind::Fanout);
+        assert!(
+            !markdown(&r).contains("Fairness"),
+            "no line without figures"
+        );
+        r.steps[0].fairness = Fairness::of(&[900, 400, 600, 500, 800]);
+        r.steps[1].fairness = Fairness::of(&[1200, 1000]);
+        let md = markdown(&r);
+        assert!(
+            md.contains(": 400 / 600 / 900, 2.25×, 5; 1,000 / 1,000 / 1,200, 1.20×, 2\n"),
+            "{md}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        let f = &v["steps"][0]["fairness"];
+        assert_eq!(f["subscribers"], 5);
+        assert_eq!(f["best_p99_us"], 400.0);
+        assert_eq!(f["median_p99_us"], 600.0);
+        assert_eq!(f["worst_p99_us"], 900.0);
+        assert_eq!(f["spread"], 2.25);
+        assert!(v["steps"][2].get("fairness").is_none());
+        let back: RunReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back.steps[0].fairness, r.steps[0].fairness);
     }
 
     #[test]

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde_json::json;
 
+use crate::fairness::Fairness;
 use crate::group::{self, Group};
 use crate::load::{ClientSpec, Snapshot, TraderSpec};
 use crate::policy_sub::{PolicyReport, PolicySpec, PolicySub};
 use crate::publish::{PubSpec, Publisher, WaitFor};
-use crate::report::{Progress, StepResult};
+use crate::report::{self, Progress, StepResult};
 use crate::scenario::{Kind, Params, Step};
 use crate::schedule::{Schedule, Spread};
 use crate::stats::Summary;
@@ -151,7 +152,7 @@ fn finish(ctx: &Ctx, step: &Step, mut r: StepResult) -> StepResult {
     }
     let l = &r.latency_us;
     ctx.progress.line(&format!(
-        "{}clients {}: egress {:.0}/s of {:.0}/s expected, publish {:.0}/s, latency µs mean {:.1} p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; lost {} dup {} ooo {} discard {}; bench CPU {:.0}%{}",
+        "{}clients {}: egress {:.0}/s of {:.0}/s expected, publish {:.0}/s, latency µs mean {:.1} p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}{}; lost {} dup {} ooo {} discard {}; bench CPU {:.0}%{}",
         step.swept
             .iter()
             .filter(|(k, _)| k != "clients")
@@ -166,6 +167,13 @@ fn finish(ctx: &Ctx, step: &Step, mut r: StepResult) -> StepResult {
         l.p99,
         l.p999,
         l.max,
+        r.fairness
+            .as_ref()
+            .map(|f| format!(
+                "; subscriber p99 best / median / worst, spread, n: {}",
+                report::fairness_cells(f)
+            ))
+            .unwrap_or_default(),
         r.lost,
         r.duplicates,
         r.out_of_order,
@@ -431,6 +439,9 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let failed = group::progress(&groups).failed;
     snap.merge(shutdown_all(groups)?);
     let mut r = base_result(ctx, p, &snap, wall, my_cpu + worker_cpu);
+    // One window, one collect: each subscriber's p99 covers the same time (the steps that
+    // collect several times would list a subscriber once per collect).
+    r.fairness = Fairness::of(&snap.sub_p99_us);
     r.server_cpu_cores = server_cores;
     r.publish_rate = (s1 - s0) as f64 / wall;
     r.publish_expected = p.rate;

@@ -85,7 +85,20 @@ fn run(name: &str, extra: &[&str]) -> Option<Value> {
     );
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    Some(serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap())
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // What the JSON says about fairness, the Markdown prints too.
+    if let Some(f) = v["steps"][0].get("fairness") {
+        let cells = format!(
+            "{:.2}×, {}",
+            f["spread"].as_f64().unwrap(),
+            f["subscribers"]
+        );
+        assert!(
+            stdout.contains("Fairness (each subscriber's p99") && stdout.contains(&cells),
+            "{name}: fairness {f} not in the report:\n{stdout}"
+        );
+    }
+    Some(v)
 }
 
 /// The fields scripts rely on (issue 3), on every step.
@@ -162,6 +175,32 @@ fn solace_very_high() {
         return;
     };
     check("solace-3.1.2-very-high", &v);
+    // Each subscriber gets 100 msg/s: ~200 samples in the 2 s window, enough for its own p99.
+    let f = &v["steps"][0]["fairness"];
+    let n = f["subscribers"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no fairness: {v}"));
+    assert!((1..=20).contains(&n), "fairness over {n} subscribers: {f}");
+    let [best, median, worst, spread] = ["best_p99_us", "median_p99_us", "worst_p99_us", "spread"]
+        .map(|k| {
+            f[k].as_f64()
+                .unwrap_or_else(|| panic!("fairness.{k} missing: {f}"))
+        });
+    assert!(
+        0.0 < best && best <= median && median <= worst,
+        "best ≤ median ≤ worst: {f}"
+    );
+    assert!(
+        spread >= 1.0 && (spread - worst / best).abs() < 1e-9,
+        "spread = worst ÷ best: {f}"
+    );
+    // The pooled p99 lies between the best and the worst subscriber's (within the histograms'
+    // resolution: 2 significant digits per subscriber).
+    let p99 = v["steps"][0]["latency_us"]["p99"].as_f64().unwrap();
+    assert!(
+        best * 0.98 <= p99 && p99 <= worst * 1.02,
+        "pooled p99 {p99} outside [{best}, {worst}]"
+    );
 }
 
 #[test]

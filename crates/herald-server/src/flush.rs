@@ -130,3 +130,81 @@ pub(crate) fn defer(conn: impl FnOnce() -> Option<Arc<Connection>>) -> bool {
 fn several_workers() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|rt| rt.metrics().num_workers() > 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use bytes::Bytes;
+    use herald_core::engine::Outbox;
+    use std::io::{ErrorKind, Read};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    /// `n` direct connections on real loopback sockets, each with its (non-blocking) peer.
+    fn connections(n: usize) -> Vec<(Arc<Connection>, TcpStream)> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let metrics = Arc::new(Metrics::default());
+        (0..n)
+            .map(|_| {
+                let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                peer.set_nonblocking(true).unwrap();
+                let (ours, _) = listener.accept().unwrap();
+                ours.set_nonblocking(true).unwrap();
+                let (_read, write) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
+                (Connection::direct(write, 1 << 20, metrics.clone()), peer)
+            })
+            .collect()
+    }
+
+    /// Which peers have received nothing, once the others have (the flush's writes are
+    /// synchronous, but loopback may hand them over a moment later on a loaded machine).
+    fn unwritten(conns: &[(Arc<Connection>, TcpStream)], written: usize) -> Vec<usize> {
+        let mut got = vec![false; conns.len()];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.iter().filter(|&&g| g).count() < written && Instant::now() < deadline {
+            for (i, (_, peer)) in conns.iter().enumerate() {
+                match (&mut &*peer).read(&mut [0u8; 64]) {
+                    Ok(n) => got[i] |= n > 0,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("peer {i}: {e}"),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (0..conns.len()).filter(|&i| !got[i]).collect()
+    }
+
+    /// With several workers, a flush of more than [`FLUSH_AT`] connections writes the first
+    /// `FLUSH_AT` in its order itself and hands the rest to their writer tasks (none runs
+    /// here, so those peers receive nothing). Which connection that is must change from flush
+    /// to flush: a fixed order would always leave the same subscriber of a topic for last.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_connection_written_last_changes_from_flush_to_flush() {
+        let frame = Frame {
+            head: Bytes::from_static(b"\x81\x02"),
+            body: Bytes::from_static(b"hi"),
+        };
+        let mut pending = Pending::default();
+        let mut last = vec![];
+        for _ in 0..3 {
+            // The same fan-out every time: connections queued in the same order.
+            let conns = connections(FLUSH_AT + 1);
+            pending.collect(|| {
+                for (conn, _) in &conns {
+                    conn.send(&frame);
+                }
+            });
+            pending.flush();
+            let left = unwritten(&conns, FLUSH_AT);
+            assert_eq!(
+                left.len(),
+                1,
+                "one connection past the direct writes: {left:?}"
+            );
+            last.push(left[0]);
+        }
+        last.dedup();
+        assert_eq!(last.len(), 3, "the same connection was left last: {last:?}");
+    }
+}
