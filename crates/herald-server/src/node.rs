@@ -130,7 +130,9 @@ impl Node {
             (Request::Subscribe(s), Some(broker)) => {
                 // It may wait for NATS: what this reader queued for others goes first.
                 pending.flush();
-                return broker.subscribe(self, conn, s).await;
+                // Boxed: its future (~3 KB) would otherwise be part of every connection's
+                // session task, clustered or not, for the connection's whole life.
+                return Box::pin(broker.subscribe(self, conn, s)).await;
             }
             (request, _) => request,
         };
