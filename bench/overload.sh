@@ -7,14 +7,16 @@
 #   1. baseline  CLIENTS subscribers, 20,000 msg/s published (100 msg/s per client), 20 s;
 #   2. overload  the same subscribers at FACTOR times the publish rate, for OVERLOAD seconds;
 #   3. recovery  the baseline load again at once, measured after the same 3 s warm-up as the
-#                baseline: "recovers within seconds" is its latency against the baseline's.
+#                baseline; beside it, from the moment the overload ends, a light probe (10
+#                subscribers on topics of their own) measures latency in 2-s windows for
+#                PROBE_SECS (default 30): how many seconds herald takes to recover.
 # Meanwhile herald's RSS is sampled every second. Printed: each phase's bench table, RSS after
 # each phase and its peak during the overload beside the queue bound the configuration implies
 # (connections × OUTBOUND; topic history is bounded apart, per topic), whether herald is still
 # running, and what it shed, from /metrics (disconnects by reason, policy actions, drops).
 #
 # Usage: bench/overload.sh [HERALD_BIN]   (default target/release/herald)
-#        CLIENTS=1000 FACTOR=2 OVERLOAD=300 OUTBOUND=262144 PORT=18099 bench/overload.sh
+#        CLIENTS=1000 FACTOR=2 OVERLOAD=300 OUTBOUND=262144 PROBE_SECS=30 PORT=18099 bench/overload.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 herald="${1:-target/release/herald}"
@@ -71,7 +73,26 @@ sampler=""
 echo "## /metrics after the overload"
 shed
 
+# Latency second by second once the load falls: a light probe (10 subscribers, 200 msg/s on
+# topics of their own) runs back to back in 2-s windows from the moment the overload ends,
+# beside the recovery phase.
+probe() {
+  local start=$SECONDS
+  while [ $((SECONDS - start)) -lt "$PROBE_SECS" ]; do
+    local at=$((SECONDS - start))
+    taskset -c 1 "$herald" bench --kind fanout --url "ws://127.0.0.1:$port/ws" --clients 10 \
+      --topics 10 --subs 1 --publishers 1 --rate 200 --payload 50 --warmup 0 --duration 2 \
+      --set topic_prefix=probe 2>&1 |
+      sed -nE "s/^clients 10: .*latency µs mean [0-9.]+ (p50 [0-9]+ p99 [0-9]+).*/probe +${at} s: \1 µs/p"
+  done
+}
+PROBE_SECS="${PROBE_SECS:-30}"
+probe >"$work/probe" &
+prober=$!
 phase recovery "$rate" 20 3
+wait "$prober" || true
+echo "## probe after the overload (10 subscribers, 200 msg/s; 2-s windows from the moment it ended)"
+cat "$work/probe"
 after_recovery=$(rss_kib)
 alive=no
 kill -0 "$server" 2>/dev/null && curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null && alive=yes
