@@ -245,8 +245,9 @@ impl Default for OnceInstant {
 }
 
 impl Activity {
-    fn touch(&self) {
-        let ms = self.started.0.elapsed().as_millis() as u64;
+    /// The client sent something at `now`.
+    fn touch(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.started.0).as_millis() as u64;
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
@@ -359,8 +360,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Ok(frame) => frame,
             Err(e) => return close_for_error(conn, &e, limit),
         };
-        activity.touch();
-        if let Err(why) = meter.record(frame.payload.len(), Instant::now()) {
+        // One clock read per frame, shared by the idle timer and the rate meter.
+        let now = Instant::now();
+        activity.touch(now);
+        if let Err(why) = meter.record(frame.payload.len(), now) {
             node.count_error("rate_limited");
             let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
             conn.send_control(wire::encode_reply(&Reply::from(error)));
