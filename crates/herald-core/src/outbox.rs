@@ -59,6 +59,10 @@ struct Conflation {
     held: Option<Frame>,
     /// When its last message was queued (µs): the throttle counts from there.
     last_us: u64,
+    /// Values superseded since its last message went: announced just before the next one, so
+    /// a conflating subscriber gets one notice per message it receives, not one per topic at
+    /// every write (hundreds of thousands a second on a busy feed).
+    superseded: u64,
 }
 
 /// Queue slots an idle connection keeps (see [`OutboundQueue::shrink_idle`]).
@@ -173,7 +177,7 @@ impl OutboundQueue {
                             delivered.pushed = Pushed::First;
                         }
                     }
-                    self.note(d.topic.clone(), "conflate");
+                    state.superseded += 1;
                     delivered.conflated = 1;
                     return delivered;
                 }
@@ -245,7 +249,8 @@ impl OutboundQueue {
 
     /// Moves every frame that may go now into `out` (the writer sends them in one vectored
     /// write): throttled messages whose time has come join the queue, then a `dropped` notice
-    /// per topic that lost messages, then the queue in order.
+    /// per topic that lost messages to `drop`, then the queue in order, each conflated message
+    /// preceded by the notice of the values it superseded.
     pub fn drain_into(&mut self, out: &mut Vec<Frame>, now_us: u64) {
         while let Some(Reverse((due, _))) = self.due.peek() {
             if *due > now_us {
@@ -273,8 +278,14 @@ impl OutboundQueue {
         }
         self.base += self.slots.len() as u64;
         for entry in self.slots.drain(..).flatten() {
-            if let Some(state) = entry.topic.as_ref().and_then(|t| self.conflated.get_mut(t)) {
-                state.queued = None;
+            if let Some(topic) = &entry.topic {
+                if let Some(state) = self.conflated.get_mut(topic) {
+                    state.queued = None;
+                    if state.superseded > 0 {
+                        out.push(wire::encode_dropped(topic, state.superseded, "conflate"));
+                        state.superseded = 0;
+                    }
+                }
             }
             out.push(entry.frame);
         }
@@ -468,5 +479,60 @@ mod policy_tests {
                 .all(|(t, v)| *v == n - 99 + t as u64),
             "{last:?}"
         );
+    }
+
+    /// What a drain produced, readably: a message's value, or `dropped TOPIC COUNT`.
+    fn shape(out: &[Frame]) -> Vec<String> {
+        out.iter()
+            .map(|f| match value(f) {
+                Some(v) => v.to_string(),
+                None => {
+                    let (_, body) = crate::test_support::unframe(f);
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    format!(
+                        "{} {} {}",
+                        v["op"].as_str().unwrap(),
+                        v["topic"].as_str().unwrap(),
+                        v["count"]
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// Each conflated message comes right after one notice counting exactly the values it
+    /// superseded, and no other notice is sent: a topic waiting for its slot does not announce
+    /// itself at every write in between.
+    #[test]
+    fn a_conflated_message_carries_its_own_notice() {
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut q = OutboundQueue::new(1 << 20);
+        let policy = QueuePolicy::Conflate {
+            min_interval_us: 1_000,
+        };
+        let at = |topic, now_us| Delivery {
+            topic,
+            policy,
+            rule: None,
+            now_us,
+        };
+        q.deliver(&msg(1), &at(&a, 1));
+        q.deliver(&msg(10), &at(&b, 1));
+        q.deliver(&msg(2), &at(&a, 2));
+        q.deliver(&msg(3), &at(&a, 3));
+        let mut out = Vec::new();
+        q.drain_into(&mut out, 4);
+        assert_eq!(shape(&out), ["dropped a 2", "3", "10"]);
+
+        // `a` went at 1: its next slot is at 1,001. 4 waits and 5 replaces it.
+        q.deliver(&msg(4), &at(&a, 100));
+        q.deliver(&msg(5), &at(&a, 200));
+        out.clear();
+        for now in [300, 600, 900] {
+            q.drain_into(&mut out, now);
+        }
+        assert!(out.is_empty(), "{:?}", shape(&out));
+        q.drain_into(&mut out, 1_001);
+        assert_eq!(shape(&out), ["dropped a 1", "5"]);
     }
 }
