@@ -185,10 +185,8 @@ impl DurableHistory {
         max_message_bytes: usize,
     ) -> anyhow::Result<Option<TopicHistory>> {
         let subject = subject::to_subject(&self.topics, topic);
-        let last = match stream.direct_get_last_for_subject(&subject).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(last) = found(stream.direct_get_last_for_subject(&subject).await)? else {
+            return Ok(None);
         };
         let whole = Carried::from_headers(Some(&last.headers))
             .filter(|c| c.chunk.is_none() && !c.mark)
@@ -216,11 +214,10 @@ impl DurableHistory {
         let mut whole: Vec<(String, Recalled)> = Vec::new();
         let mut next = None;
         for _ in 0..MAX_READ {
-            let message = match stream.direct_get_next_for_subject(&subject, next).await {
-                Ok(m) => StreamMessage::try_from(m.message)?,
-                Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => break,
-                Err(e) => return Err(e.into()),
+            let Some(m) = found(stream.direct_get_next_for_subject(&subject, next).await)? else {
+                break;
             };
+            let message = StreamMessage::try_from(m.message)?;
             next = Some(message.sequence + 1);
             let Some(carried) = Carried::from_headers(Some(&message.headers)) else {
                 continue;
@@ -284,4 +281,13 @@ fn stream_name(prefix: &str) -> String {
 /// When the stream stored the message, µs since the UNIX epoch.
 fn at_us(m: &StreamMessage) -> u64 {
     u64::try_from(m.time.unix_timestamp_nanos() / 1000).unwrap_or(0)
+}
+
+/// A direct get's answer, with "no such message" as `None` rather than an error.
+fn found<T>(got: Result<T, stream::DirectGetError>) -> anyhow::Result<Option<T>> {
+    match got {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }

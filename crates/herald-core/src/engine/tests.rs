@@ -47,16 +47,20 @@ fn req(
     e.handle(conn, decode_text(json).unwrap(), now)
 }
 
-fn publish(e: &mut Engine<Inbox>, topic: &str, data: &str) -> Published {
-    let p = Publish {
+/// A plain text publish of `data` on `topic`.
+fn text(topic: &str, data: &str) -> Publish {
+    Publish {
         id: None,
         topic: topic.into(),
         payload: Bytes::copy_from_slice(data.as_bytes()),
         kind: PayloadKind::Text,
         content_type: None,
         stamp: false,
-    };
-    e.publish(&p, 1_000).unwrap()
+    }
+}
+
+fn publish(e: &mut Engine<Inbox>, topic: &str, data: &str) -> Published {
+    e.publish(&text(topic, data), 1_000).unwrap()
 }
 
 fn data(msgs: &[Value]) -> Vec<&str> {
@@ -518,14 +522,7 @@ fn interest_is_reported_for_the_first_and_last_subscriber_of_a_pattern() {
 }
 
 fn remote(e: &mut Engine<Inbox>, topic: &str, epoch: &str, seq: u64) -> RemotePublished {
-    let p = Publish {
-        id: None,
-        topic: topic.into(),
-        payload: Bytes::from(format!("{epoch}:{seq}")),
-        kind: PayloadKind::Text,
-        content_type: None,
-        stamp: false,
-    };
+    let p = text(topic, &format!("{epoch}:{seq}"));
     e.publish_remote(&p, epoch, seq, 1_000).unwrap()
 }
 
@@ -588,14 +585,7 @@ fn remote_messages_keep_their_numbers_and_holes_are_reported() {
 
 fn recalled(topic: &str, epoch: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<Recalled> {
     seqs.map(|seq| Recalled {
-        publish: Publish {
-            id: None,
-            topic: topic.into(),
-            payload: Bytes::from(format!("{epoch}:{seq}")),
-            kind: PayloadKind::Text,
-            content_type: None,
-            stamp: false,
-        },
+        publish: text(topic, &format!("{epoch}:{seq}")),
         seq,
         at_us: 1_000,
     })
