@@ -84,8 +84,9 @@ pub struct OutboundQueue {
     conflated: TopicMap<Arc<str>, Conflation>,
     /// Throttled topics by the time their held message may go.
     due: BinaryHeap<Reverse<(u64, Arc<str>)>>,
-    /// Messages not delivered, by topic and reason, announced before anything else queued.
-    notices: TopicMap<(Arc<str>, &'static str), u64>,
+    /// Messages dropped under `drop`, by topic, announced before anything else queued.
+    /// (Conflated values are counted per topic in [`Conflation`], announced with their message.)
+    dropped: TopicMap<Arc<str>, u64>,
     bytes: usize,
     held_bytes: usize,
     limit: usize,
@@ -139,7 +140,7 @@ impl OutboundQueue {
                     let entry = slot.take().expect("droppable positions are live");
                     self.live -= 1;
                     self.bytes -= entry.frame.len();
-                    self.note(entry.topic.expect("droppable entries have a topic"), "drop");
+                    self.note_drop(entry.topic.expect("droppable entries have a topic"));
                     delivered.dropped += 1;
                 }
                 if self.fits(frame) {
@@ -149,7 +150,7 @@ impl OutboundQueue {
                     delivered.pushed = self.pushed();
                 } else {
                     // Only undroppable frames are queued: this message is the oldest droppable.
-                    self.note(d.topic.clone(), "drop");
+                    self.note_drop(d.topic.clone());
                     delivered.dropped += 1;
                 }
             }
@@ -220,8 +221,8 @@ impl OutboundQueue {
         }
     }
 
-    fn note(&mut self, topic: Arc<str>, reason: &'static str) {
-        *self.notices.entry((topic, reason)).or_default() += 1;
+    fn note_drop(&mut self, topic: Arc<str>) {
+        *self.dropped.entry(topic).or_default() += 1;
     }
 
     /// Queues a close frame after what is already queued and accepts nothing more.
@@ -235,7 +236,7 @@ impl OutboundQueue {
             self.base += self.slots.len() as u64;
             self.slots.clear();
             self.droppable.clear();
-            self.notices.clear();
+            self.dropped.clear();
             self.live = 0;
             self.bytes = 0;
         }
@@ -269,11 +270,11 @@ impl OutboundQueue {
         }
         // Checked first: draining a map that once held notices walks its whole table, and this
         // runs at every writer wake-up.
-        if !self.notices.is_empty() {
+        if !self.dropped.is_empty() {
             out.extend(
-                self.notices
+                self.dropped
                     .drain()
-                    .map(|((topic, reason), count)| wire::encode_dropped(&topic, count, reason)),
+                    .map(|(topic, count)| wire::encode_dropped(&topic, count, "drop")),
             );
         }
         self.base += self.slots.len() as u64;
