@@ -563,14 +563,10 @@ pub struct Gap {
 
 /// Encodes a reply as a text frame.
 pub fn encode_reply(reply: &Reply) -> Frame {
-    let json = serde_json::to_vec(reply).expect("replies always serialize");
-    let mut buf = BytesMut::with_capacity(json.len() + 10);
-    buf.put_slice(&ws_header(OpCode::Text, json.len()));
-    buf.put_slice(&json);
-    Frame {
-        head: buf.freeze(),
-        body: Bytes::new(),
-    }
+    let mut buf = BytesMut::with_capacity(MAX_HEADER + 128);
+    buf.put_bytes(0, MAX_HEADER);
+    serde_json::to_writer((&mut buf).writer(), reply).expect("replies always serialize");
+    text_frame(buf)
 }
 
 /// `{"op":"dropped","topic":…,"count":…,"reason":…}`: `count` messages of `topic` were not
