@@ -723,3 +723,16 @@ fn positions_announced_after_an_outage_reveal_holes_exactly() {
     assert_eq!(remote(&mut e, "t/1", "e1", 8).missed, 0);
     assert_eq!(data(&inbox.take()), ["e1:8"]);
 }
+
+/// A connection holding one subscription takes that subscription's policy without matching its
+/// pattern again (the index found the connection through it): here, its lossless window.
+#[test]
+fn a_connections_only_subscription_sets_its_policy() {
+    let mut e = engine();
+    let (a, _inbox) = client(&mut e);
+    let sub = r#"{"op":"sub","topic":"t/>","policy":"lossless","window":1}"#;
+    req(&mut e, a, sub, 0).unwrap();
+    assert!(!e.is_held("t/x", 1));
+    publish(&mut e, "t/x", "1");
+    assert!(e.is_held("t/x", 1), "its window of one message is spent");
+}
