@@ -636,7 +636,6 @@ impl<O: Outbox> Engine<O> {
         let config = &self.config;
         let state = self.topics.entry(config, &p.topic, numbering);
         state.seq += 1;
-        let name = state.name.clone();
         let default = state.policy_rule.map_or((Policy::Disconnect, None), |i| {
             (config.policy[i].policy, config.policy[i].max_rate)
         });
@@ -662,6 +661,8 @@ impl<O: Outbox> Engine<O> {
                 frame: frame.clone(),
             },
         );
+        // Borrowed, not cloned: the fan-out below touches other fields only.
+        let name = &state.name;
 
         self.publish_count += 1;
         let generation = self.publish_count;
@@ -687,7 +688,7 @@ impl<O: Outbox> Engine<O> {
                 }
             }
             let delivery = Delivery {
-                topic: &name,
+                topic: name,
                 policy: QueuePolicy::of(chosen.policy, chosen.max_rate),
                 rule,
                 now_us,
