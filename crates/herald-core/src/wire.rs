@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+pub mod client_frames;
 mod plain_pub;
 
 /// A request id: any JSON number or string, echoed verbatim in the reply.

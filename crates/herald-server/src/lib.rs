@@ -9,6 +9,7 @@
 //! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
 //! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
 //! - [`socket`]: the stream under a session, split lock-free when it is plain TCP.
+//! - [`frame_reader`]: a session's incoming frames, read with no buffer held while it is idle.
 //! - [`connection`]: a connection's outbound queue and who writes it (direct or writer task).
 //! - [`flush`]: direct writes: what a batch of publishes queued leaves from the publishing task.
 //! - [`dashboard`]: the live dashboard at `/` (assets compiled in).
@@ -29,6 +30,7 @@ pub mod config;
 pub mod connection;
 pub mod dashboard;
 pub mod flush;
+pub mod frame_reader;
 pub mod http;
 pub mod introspect;
 pub mod jetstream;

@@ -6,14 +6,14 @@
 //! halves share a lock, and is written by the writer task alone.
 
 use crate::limits::IpGuard;
-use bytes::{Buf, Bytes};
+use bytes::{Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
@@ -21,10 +21,48 @@ type Split<T> = (tokio::io::ReadHalf<T>, tokio::io::WriteHalf<T>);
 
 /// The read side of a session's stream.
 pub enum SocketRead {
-    /// Plain TCP, after the bytes hyper had already read past the handshake; holds the
+    /// Plain TCP, with the bytes hyper had already read past the handshake; holds the
     /// connection's place in its IP's count for as long as the session reads.
-    Tcp(Prefixed<OwnedReadHalf>, IpGuard),
+    Tcp {
+        half: OwnedReadHalf,
+        ahead: Bytes,
+        guard: IpGuard,
+    },
     Split(tokio::io::ReadHalf<TokioIo<Upgraded>>),
+}
+
+impl SocketRead {
+    /// The bytes read past the handshake, to be taken before anything read from the socket.
+    pub fn take_ahead(&mut self) -> Bytes {
+        match self {
+            SocketRead::Tcp { ahead, .. } => std::mem::take(ahead),
+            SocketRead::Split(_) => Bytes::new(),
+        }
+    }
+
+    /// Reads at least one byte into `buf` after reserving room for `want`; `Ok(0)` at the end
+    /// of the stream. Plain TCP reserves only once the socket is readable, so that a quiet
+    /// connection holds no read buffer while it waits (TLS keeps buffers of its own anyway).
+    pub async fn read_into(&mut self, buf: &mut BytesMut, want: usize) -> io::Result<usize> {
+        match self {
+            SocketRead::Tcp { half, .. } => loop {
+                half.readable().await?;
+                buf.reserve(want);
+                match half.try_read_buf(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if buf.is_empty() {
+                            *buf = BytesMut::new();
+                        }
+                    }
+                    result => return result,
+                }
+            },
+            SocketRead::Split(io) => {
+                buf.reserve(want);
+                io.read_buf(buf).await
+            }
+        }
+    }
 }
 
 /// The write side of a session's stream.
@@ -38,52 +76,18 @@ pub enum SocketWrite {
 pub fn split(upgraded: Upgraded) -> (SocketRead, SocketWrite) {
     match crate::listener::into_tcp(upgraded) {
         Ok((tcp, guard, read_ahead)) => {
-            let (read, write) = tcp.into_split();
-            let read = Prefixed {
+            let (half, write) = tcp.into_split();
+            let read = SocketRead::Tcp {
+                half,
                 // A copy: hyper's leftover is a slice of its whole read buffer, kept alive by it.
                 ahead: Bytes::copy_from_slice(&read_ahead),
-                io: read,
+                guard,
             };
-            (SocketRead::Tcp(read, guard), SocketWrite::Tcp(write))
+            (read, SocketWrite::Tcp(write))
         }
         Err(upgraded) => {
             let (read, write): Split<_> = tokio::io::split(TokioIo::new(upgraded));
             (SocketRead::Split(read), SocketWrite::Split(write))
-        }
-    }
-}
-
-/// A reader that first yields bytes read ahead by someone else (hyper, past the handshake).
-pub struct Prefixed<R> {
-    ahead: Bytes,
-    io: R,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for Prefixed<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.ahead.is_empty() {
-            return Pin::new(&mut self.io).poll_read(cx, buf);
-        }
-        let n = self.ahead.len().min(buf.remaining());
-        buf.put_slice(&self.ahead[..n]);
-        self.ahead.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncRead for SocketRead {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            SocketRead::Tcp(io, _) => Pin::new(io).poll_read(cx, buf),
-            SocketRead::Split(io) => Pin::new(io).poll_read(cx, buf),
         }
     }
 }

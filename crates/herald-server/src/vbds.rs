@@ -10,6 +10,7 @@
 //! each acknowledgement, so publishes wait for it).
 
 use crate::connection::{write_frames, Connection};
+use crate::frame_reader::FrameReader;
 use crate::metrics::Disconnect;
 use crate::node::{now_us, Node};
 use crate::ws::{self, ReadHalf, WriteHalf};
@@ -19,14 +20,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use fastwebsockets::{OpCode, Role};
 use herald_core::policy::Policy;
+use herald_core::wire::client_frames::Inbound;
 use herald_core::wire::{self, Frame, PayloadKind, Publish, Request as WireRequest, Subscribe};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::{watch, Notify};
 
@@ -350,26 +350,16 @@ async fn read_acks(
     read: ReadHalf,
     acks: tokio::sync::mpsc::UnboundedSender<()>,
 ) {
-    let (mut reader, _) =
-        fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
-    reader.set_max_message_size(ws::frame_limit(node));
-    let mut ignore = |_| std::future::ready(Ok::<(), Infallible>(()));
+    let mut reader = FrameReader::new(read, ws::frame_limit(node));
     loop {
-        let Ok(mut frame) = reader.read_frame(&mut ignore).await else {
-            return;
-        };
-        if !ws::is_masked(&mut frame) {
-            conn.close(
-                Disconnect::ProtocolError,
-                1002,
-                "protocol error: unmasked frame",
-            );
-            return;
-        }
-        match frame.opcode {
-            OpCode::Close => return,
-            OpCode::Text | OpCode::Binary if frame.fin && acks.send(()).is_err() => return,
-            _ => {}
+        match reader.next().await {
+            Ok(Inbound::Message { .. }) if acks.send(()).is_err() => return,
+            Ok(Inbound::Close(_)) => return,
+            Ok(_) => {}
+            Err(e) => {
+                ws::close_for_error(conn, &e);
+                return;
+            }
         }
     }
 }

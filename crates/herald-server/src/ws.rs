@@ -1,13 +1,13 @@
 //! A WebSocket session: the handshake, the reader (frames → requests → engine), and the
 //! connection's writer, run side by side until either ends.
 //!
-//! fastwebsockets parses incoming frames. Fragments are reassembled here rather than by its
-//! `FragmentCollector`, which puts no limit on a message's total size across continuation frames.
-//! Outgoing frames never pass through the crate: they are pre-encoded and shared (see `wire`).
+//! fastwebsockets answers the handshake; frames are herald's own both ways: incoming ones are read
+//! by [`FrameReader`], outgoing ones are pre-encoded and shared (see `wire`).
 
 use crate::auth::{self, Access, Admit, Deadline, Refused};
 use crate::connection::Connection;
 use crate::flush::Pending;
+use crate::frame_reader::{FrameReader, ReadError};
 use crate::limits::Meter;
 use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
@@ -15,15 +15,12 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
-use fastwebsockets::{OpCode, Payload, Role, WebSocketError};
 use herald_core::engine::ConnId;
+use herald_core::wire::client_frames::{FrameError, Inbound};
 use herald_core::wire::{self, ProtocolError, Reply};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncRead;
 use tokio::sync::watch;
 
 /// Bytes a frame may carry beyond `max_message_bytes`: room for a binary frame's JSON header.
@@ -190,10 +187,7 @@ async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: O
     }
     let deadline = access.deadline();
     let activity = Activity::default();
-    // fastwebsockets wants a write half to pair with its reader; ours writes elsewhere.
-    let (mut reader, _) =
-        fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
-    reader.set_max_message_size(frame_limit(&node));
+    let mut reader = FrameReader::new(read, frame_limit(&node));
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
     let writer = async {
         match write {
@@ -308,31 +302,15 @@ pub(crate) fn frame_limit(node: &Node) -> usize {
 }
 
 /// Reads frames until the client closes or breaks the protocol; returns why it stopped.
-async fn read_requests<R: AsyncRead + Unpin>(
+async fn read_requests(
     node: &Node,
     id: ConnId,
     conn: &Arc<Connection>,
-    reader: &mut fastwebsockets::WebSocketRead<R>,
+    reader: &mut FrameReader,
     access: &mut Access,
     activity: &Activity,
 ) -> Disconnect {
     let mut meter = Meter::new(&node.config.limits, Instant::now());
-    let limit = frame_limit(node);
-    // Pongs and the echo of a client's close, which the reader obliges us to send.
-    let mut obliged = |frame: fastwebsockets::Frame| {
-        match frame.opcode {
-            OpCode::Pong => {
-                conn.send_control(wire::encode_control(wire::OpCode::Pong, &frame.payload))
-            }
-            OpCode::Close => conn.close_with(
-                Disconnect::ClientClosed,
-                wire::encode_control(wire::OpCode::Close, &frame.payload),
-            ),
-            _ => {}
-        }
-        std::future::ready(Ok::<(), Infallible>(()))
-    };
-    let mut partial: Option<(OpCode, BytesMut)> = None;
     // What this reader's requests queued for other connections: written once the input read
     // so far is handled (see `flush`), so a burst of publishes leaves in few writes.
     let mut pending = Pending::default();
@@ -346,7 +324,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             pending.flush();
             tokio::task::yield_now().await;
         }
-        let read = reader.read_frame(&mut obliged);
+        let read = reader.next();
         tokio::pin!(read);
         // Polled once first: only when the input is drained does the reader flush.
         let next = match futures_util::poll!(read.as_mut()) {
@@ -356,58 +334,54 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 read.await
             }
         };
-        let mut frame = match next {
+        let frame = match next {
             Ok(frame) => frame,
-            Err(e) => return close_for_error(conn, &e, limit),
+            Err(e) => return close_for_error(conn, &e),
         };
         // One clock read per frame, shared by the idle timer and the rate meter.
         let now = Instant::now();
         activity.touch(now);
-        if let Err(why) = meter.record(frame.payload.len(), now) {
+        let length = match &frame {
+            Inbound::Message { payload, .. } | Inbound::Ping(payload) | Inbound::Close(payload) => {
+                payload.len()
+            }
+            Inbound::Fragment(length) => *length,
+            Inbound::Pong => 0,
+        };
+        if let Err(why) = meter.record(length, now) {
             node.count_error("rate_limited");
             let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
             conn.send_control(wire::encode_reply(&Reply::from(error)));
             conn.close(Disconnect::RateLimited, 1008, "rate limit exceeded");
             return Disconnect::RateLimited;
         }
-        if !is_masked(&mut frame) {
-            conn.close(
-                Disconnect::ProtocolError,
-                1002,
-                "protocol error: client frames must be masked (RFC 6455 5.1)",
-            );
-            return Disconnect::ProtocolError;
-        }
-        let (fin, opcode) = (frame.fin, frame.opcode);
-        let payload = into_bytes(frame.payload);
-        let message = match (opcode, partial.as_mut()) {
-            (OpCode::Close, _) => return Disconnect::ClientClosed,
-            (OpCode::Ping | OpCode::Pong, _) => continue,
-            (OpCode::Text | OpCode::Binary, None) if fin => (opcode, payload),
-            (OpCode::Text | OpCode::Binary, None) => {
-                partial = Some((opcode, BytesMut::from(&payload[..])));
+        let (binary, payload) = match frame {
+            Inbound::Message { binary, payload } => (binary, payload),
+            Inbound::Ping(payload) => {
+                conn.send_control(wire::encode_control(wire::OpCode::Pong, &payload));
                 continue;
             }
-            (OpCode::Continuation, Some((first, buf))) => {
-                if buf.len() + payload.len() >= limit {
-                    return close_for_error(conn, &WebSocketError::FrameTooLarge, limit);
-                }
-                buf.extend_from_slice(&payload);
-                if !fin {
-                    continue;
-                }
-                let first = *first;
-                let (_, buf) = partial.take().expect("matched Some");
-                (first, buf.freeze())
+            Inbound::Close(payload) => {
+                let echo = wire::encode_control(wire::OpCode::Close, &payload);
+                conn.close_with(Disconnect::ClientClosed, echo);
+                return Disconnect::ClientClosed;
             }
-            _ => return close_for_error(conn, &WebSocketError::InvalidFragment, limit),
+            Inbound::Pong | Inbound::Fragment(_) => continue,
         };
-        let decoded = match message {
-            (OpCode::Text, frame) => match std::str::from_utf8(&frame) {
-                Ok(text) => wire::decode_text_frame(text, &frame),
-                Err(_) => return close_for_error(conn, &WebSocketError::InvalidUTF8, limit),
-            },
-            (_, binary) => wire::decode_binary(binary),
+        let decoded = if binary {
+            wire::decode_binary(payload)
+        } else {
+            match std::str::from_utf8(&payload) {
+                Ok(text) => wire::decode_text_frame(text, &payload),
+                Err(_) => {
+                    conn.close(
+                        Disconnect::InvalidUtf8,
+                        1007,
+                        "invalid UTF-8 in a text frame",
+                    );
+                    return conn.close_reason().unwrap_or(Disconnect::InvalidUtf8);
+                }
+            }
         };
         let request = match decoded {
             Ok(request) => request,
@@ -455,42 +429,18 @@ async fn read_requests<R: AsyncRead + Unpin>(
     }
 }
 
-/// Whether the client masked the frame. fastwebsockets unmasks without rejecting unmasked client
-/// frames and keeps the mask private; the header it formats carries the mask bit.
-pub(crate) fn is_masked(frame: &mut fastwebsockets::Frame) -> bool {
-    let mut head = [0u8; 16];
-    frame.fmt_head(&mut head);
-    head[1] & 0x80 != 0
-}
-
-fn into_bytes(payload: Payload) -> Bytes {
-    match payload {
-        Payload::Bytes(b) => b.freeze(),
-        Payload::Owned(v) => Bytes::from(v),
-        other => Bytes::copy_from_slice(&other),
-    }
-}
-
-/// Closes the connection with the code RFC 6455 gives for `error`.
-fn close_for_error(conn: &Connection, error: &WebSocketError, limit: usize) -> Disconnect {
+/// Closes the connection for a read that failed, with the code RFC 6455 gives.
+pub(crate) fn close_for_error(conn: &Connection, error: &ReadError) -> Disconnect {
     let (why, code, reason) = match error {
-        WebSocketError::FrameTooLarge => (
-            Disconnect::FrameTooLarge,
-            1009,
-            format!("frame too large: the limit is {limit} bytes"),
-        ),
-        WebSocketError::InvalidUTF8 => (
-            Disconnect::InvalidUtf8,
-            1007,
-            "invalid UTF-8 in a text frame".to_owned(),
-        ),
-        WebSocketError::UnexpectedEOF => (Disconnect::ClientClosed, 1000, String::new()),
-        WebSocketError::IoError(_) => (Disconnect::IoError, 1011, String::new()),
-        other => (
-            Disconnect::ProtocolError,
-            1002,
-            format!("protocol error: {other}"),
-        ),
+        ReadError::Frame(e @ FrameError::TooLarge { .. }) => {
+            (Disconnect::FrameTooLarge, e.code(), e.to_string())
+        }
+        ReadError::Frame(e @ FrameError::BadCloseReason) => {
+            (Disconnect::InvalidUtf8, e.code(), e.to_string())
+        }
+        ReadError::Frame(e) => (Disconnect::ProtocolError, e.code(), e.to_string()),
+        ReadError::Ended => (Disconnect::ClientClosed, 1000, String::new()),
+        ReadError::Io(_) => (Disconnect::IoError, 1011, String::new()),
     };
     conn.close(why, code, &reason);
     conn.close_reason().unwrap_or(why)
