@@ -12,7 +12,7 @@ use herald_core::wire::client_frames::{Decoder, FrameError, Inbound};
 use std::io;
 
 /// The least a read asks for: under load, one read takes in many frames.
-const READ_CHUNK: usize = 16 << 10;
+const READ_CHUNK: usize = crate::socket::SCRATCH_BYTES;
 
 /// Why a session can read no more frames.
 #[derive(Debug)]

@@ -40,20 +40,26 @@ impl SocketRead {
         }
     }
 
-    /// Reads at least one byte into `buf` after reserving room for `want`; `Ok(0)` at the end
-    /// of the stream. Plain TCP reserves only once the socket is readable, so that a quiet
-    /// connection holds no read buffer while it waits (TLS keeps buffers of its own anyway).
+    /// Reads at least one byte into `buf`, with room for `want` more; `Ok(0)` at the end of the
+    /// stream. A plain TCP socket with nothing buffered is read into this thread's scratch
+    /// buffer and `buf` gets just what arrived: a quiet connection holds no read buffer while it
+    /// waits, and a read that finds nothing allocates nothing. (TLS keeps buffers of its own.)
     pub async fn read_into(&mut self, buf: &mut BytesMut, want: usize) -> io::Result<usize> {
         match self {
             SocketRead::Tcp { half, .. } => loop {
                 half.readable().await?;
-                buf.reserve(want);
-                match half.try_read_buf(buf) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if buf.is_empty() {
-                            *buf = BytesMut::new();
-                        }
-                    }
+                let read = if buf.is_empty() && want <= SCRATCH_BYTES {
+                    SCRATCH.with_borrow_mut(|scratch| {
+                        let n = half.try_read(&mut scratch[..want])?;
+                        buf.extend_from_slice(&scratch[..n]);
+                        Ok(n)
+                    })
+                } else {
+                    buf.reserve(want);
+                    half.try_read_buf(buf)
+                };
+                match read {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     result => return result,
                 }
             },
@@ -63,6 +69,14 @@ impl SocketRead {
             }
         }
     }
+}
+
+/// The most a read into [`SCRATCH`] takes.
+pub const SCRATCH_BYTES: usize = 16 << 10;
+
+thread_local! {
+    /// Where a connection with nothing buffered is read into (see [`SocketRead::read_into`]).
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; SCRATCH_BYTES]);
 }
 
 /// The write side of a session's stream.

@@ -168,6 +168,9 @@ impl Decoder {
                     let copy = Bytes::copy_from_slice(&buf[..head.payload]);
                     buf.advance(head.payload);
                     copy
+                } else if head.payload == buf.len() {
+                    // The last frame read takes the buffer: no shared header to allocate.
+                    std::mem::take(buf).freeze()
                 } else {
                     buf.split_to(head.payload).freeze()
                 };
