@@ -63,14 +63,12 @@ impl FrameReader {
                 }
                 return Ok(frame);
             }
-            // A large frame is read into one buffer of its size (committed only as it arrives).
-            let missing = self.decoder.wanted(&self.buf) - self.buf.len();
-            if self
-                .io
-                .read_into(&mut self.buf, missing.max(READ_CHUNK))
-                .await?
-                == 0
-            {
+            // Room for the whole frame, so a large one is read into one buffer of its size
+            // (committed only as it arrives), and for at least READ_CHUNK bytes in all: not
+            // READ_CHUNK more, which under load would never fit the buffer already held and
+            // would move every read to a new, cold one.
+            let room = self.decoder.wanted(&self.buf).max(READ_CHUNK) - self.buf.len();
+            if self.io.read_into(&mut self.buf, room).await? == 0 {
                 return Err(ReadError::Ended);
             }
         }
