@@ -421,6 +421,15 @@ impl<O: Outbox> Engine<O> {
         self.conn(id).map(|c| &c.outbox)
     }
 
+    /// Gives back the spare room of a connection's subscription list, once a burst of
+    /// subscribes is over: grown by doubling, 100 subscriptions would keep room for 128, about
+    /// a kilobyte per connection held for its whole life.
+    pub fn trim(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) {
+            conn.subs.shrink_to_fit();
+        }
+    }
+
     pub fn connections(&self) -> impl Iterator<Item = &O> {
         self.conns.iter().flatten().map(|c| &c.outbox)
     }

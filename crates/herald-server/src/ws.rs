@@ -315,6 +315,8 @@ async fn read_requests(
     // so far is handled (see `flush`), so a burst of publishes leaves in few writes.
     let mut pending = Pending::default();
     let mut handled = 0u32;
+    // Whether a subscribe came since the input was last drained (see `Engine::trim`).
+    let mut subscribed = false;
     loop {
         // A publisher whose frames are already buffered never has to wait on its socket, so
         // this loop would keep its worker thread: now and then, write what is pending and
@@ -331,6 +333,10 @@ async fn read_requests(
             std::task::Poll::Ready(next) => next,
             std::task::Poll::Pending => {
                 pending.flush();
+                if std::mem::take(&mut subscribed) {
+                    // The burst of subscribes is over: keep no room for more.
+                    node.engine.lock().trim(id);
+                }
                 read.await
             }
         };
@@ -411,6 +417,7 @@ async fn read_requests(
             node.metrics.messages_in_ws.inc();
             node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
         }
+        subscribed |= matches!(request, wire::Request::Subscribe(_));
         let releases = matches!(
             request,
             wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }

@@ -205,6 +205,24 @@ fn subscription_limit_is_enforced_and_resubscribing_is_idempotent() {
 }
 
 #[test]
+fn trim_gives_back_the_subscription_lists_spare_room_and_keeps_every_subscription() {
+    let mut e = engine();
+    let (a, inbox) = client(&mut e);
+    for i in 0..100 {
+        req(&mut e, a, &format!(r#"{{"op":"sub","topic":"t/{i}"}}"#), 0).unwrap();
+    }
+    let room = |e: &Engine<_>| e.conn(a).unwrap().subs.capacity();
+    assert!(room(&e) > 100, "grown by doubling");
+    e.trim(a);
+    assert_eq!(room(&e), 100);
+    inbox.take();
+    for i in [0, 57, 99] {
+        assert_eq!(publish(&mut e, &format!("t/{i}"), "x").deliveries, 1);
+    }
+    assert_eq!(data(&inbox.take()), ["x", "x", "x"]);
+}
+
+#[test]
 fn disconnect_removes_subscriptions_and_reuses_the_slot() {
     let mut e = engine();
     let (a, _) = client(&mut e);
