@@ -19,6 +19,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+/// What a client's request came to: the publish it made, if any, or an error code.
+pub type Outcome = Result<Option<Published>, &'static str>;
+
 pub struct Node {
     pub config: Config,
     pub engine: Mutex<Engine<Arc<Connection>>>,
@@ -103,45 +106,82 @@ impl Node {
         result
     }
 
-    /// Carries out a WebSocket client's request. A publish waits while a `lossless` subscriber
-    /// of its topic is out of credit ([`Node::when_admitted`]). With a broker, a publish is
-    /// handed on to it and interest changes are reported to it, under the engine lock so that
-    /// NATS sees a topic's messages in sequence order. What it queues for connections is
-    /// written when the caller flushes `pending`.
-    pub async fn handle(
+    /// Carries out a WebSocket client's request, unless it must wait: then it is handed back,
+    /// for [`Node::handle_waiting`]. With a broker, a publish is handed on to it and interest
+    /// changes are reported to it, under the engine lock so that NATS sees a topic's messages
+    /// in sequence order. What it queues for connections is written when the caller flushes
+    /// `pending`.
+    // The request comes back by value, as it came: boxing it would cost every publish an
+    // allocation for the sake of the rare one that waits.
+    #[allow(clippy::result_large_err)]
+    pub fn handle_now(
         &self,
         conn: ConnId,
         request: Request,
         pending: &mut Pending,
-    ) -> Result<Option<Published>, &'static str> {
-        if let Request::Publish(p) = &request {
-            return self
-                .when_admitted(&p.topic, p.payload.len(), pending, |engine, pending| {
-                    let now = now_us();
-                    let result = pending.collect(|| engine.publish_from(conn, p, now));
-                    if let Ok(published) = &result {
-                        self.hand_to_broker(engine, p, published, now);
-                    }
-                    result.map(Some)
-                })
-                .await;
-        }
-        let request = match (request, &self.broker) {
-            (Request::Subscribe(s), Some(broker)) => {
-                // It may wait for NATS: what this reader queued for others goes first.
-                pending.flush();
-                // Boxed: its future (~3 KB) would otherwise be part of every connection's
-                // session task, clustered or not, for the connection's whole life.
-                return Box::pin(broker.subscribe(self, conn, s)).await;
-            }
-            (request, _) => request,
-        };
+    ) -> Result<Outcome, Request> {
         let mut engine = self.engine.lock();
+        let must_wait = match &request {
+            Request::Publish(p) => engine.is_held(&p.topic, p.payload.len()),
+            Request::Subscribe(_) => self.broker.is_some(),
+            _ => false,
+        };
+        if must_wait {
+            return Err(request);
+        }
+        if let Request::Publish(p) = &request {
+            return Ok(self.publish_ws(&mut engine, conn, p, pending));
+        }
         let result = pending.collect(|| engine.handle(conn, request, now_us()));
         if let Some(broker) = &self.broker {
             broker.interest(engine.take_interest_changes());
         }
-        result
+        Ok(result)
+    }
+
+    /// What [`Node::handle_now`] handed back: a publish that waits while a `lossless`
+    /// subscriber of its topic is out of credit ([`Node::when_admitted`]), or a subscribe that
+    /// waits for NATS. Rare, and its future is large: the caller boxes it, so that it is not
+    /// part of every connection's session task for the connection's whole life.
+    pub async fn handle_waiting(
+        &self,
+        conn: ConnId,
+        request: Request,
+        pending: &mut Pending,
+    ) -> Outcome {
+        match (request, &self.broker) {
+            (Request::Publish(p), _) => {
+                let publish = |engine: &mut Engine<_>, pending: &mut Pending| {
+                    self.publish_ws(engine, conn, &p, pending)
+                };
+                self.when_admitted(&p.topic, p.payload.len(), pending, publish)
+                    .await
+            }
+            (Request::Subscribe(s), Some(broker)) => {
+                pending.flush();
+                broker.subscribe(self, conn, s).await
+            }
+            (request, _) => match self.handle_now(conn, request, pending) {
+                Ok(outcome) => outcome,
+                Err(_) => unreachable!("only a publish or a clustered subscribe waits"),
+            },
+        }
+    }
+
+    /// A WebSocket publish, under the engine lock.
+    fn publish_ws(
+        &self,
+        engine: &mut Engine<Arc<Connection>>,
+        conn: ConnId,
+        p: &Publish,
+        pending: &mut Pending,
+    ) -> Outcome {
+        let now = now_us();
+        let result = pending.collect(|| engine.publish_from(conn, p, now));
+        if let Ok(published) = &result {
+            self.hand_to_broker(engine, p, published, now);
+        }
+        result.map(Some)
     }
 
     /// Hands a message published here to the other nodes, numbered as the engine numbered it.

@@ -326,18 +326,20 @@ async fn read_requests(
             pending.flush();
             tokio::task::yield_now().await;
         }
-        let read = reader.next();
-        tokio::pin!(read);
-        // Polled once first: only when the input is drained does the reader flush.
-        let next = match futures_util::poll!(read.as_mut()) {
-            std::task::Poll::Ready(next) => next,
-            std::task::Poll::Pending => {
-                pending.flush();
-                if std::mem::take(&mut subscribed) {
-                    // The burst of subscribes is over: keep no room for more.
-                    node.engine.lock().trim(id);
+        let next = {
+            let read = reader.next();
+            tokio::pin!(read);
+            // Polled once first: only when the input is drained does the reader flush.
+            match futures_util::poll!(read.as_mut()) {
+                std::task::Poll::Ready(next) => next,
+                std::task::Poll::Pending => {
+                    pending.flush();
+                    if std::mem::take(&mut subscribed) {
+                        // The burst of subscribes is over: keep no room for more.
+                        node.engine.lock().trim(id);
+                    }
+                    read.await
                 }
-                read.await
             }
         };
         let frame = match next {
@@ -423,8 +425,12 @@ async fn read_requests(
             wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }
         );
         // A publish waits while a lossless subscriber of its topic is out of credit: only this
-        // reader is held.
-        match node.handle(id, request, &mut pending).await {
+        // reader is held. Boxed, being rare: see `Node::handle_waiting`.
+        let outcome = match node.handle_now(id, request, &mut pending) {
+            Ok(outcome) => outcome,
+            Err(request) => Box::pin(node.handle_waiting(id, request, &mut pending)).await,
+        };
+        match outcome {
             Ok(Some(published)) => node.published(&published),
             Ok(None) => {}
             Err(code) => node.count_error(code),
