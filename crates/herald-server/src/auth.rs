@@ -357,27 +357,31 @@ pub enum Admit {
 pub struct Access {
     auth: Option<Arc<Authenticator>>,
     session: Option<Session>,
-    deadline: watch::Sender<Option<Deadline>>,
+    /// Only with auth on: a watch channel is ~400 bytes that every connection would hold.
+    deadline: Option<watch::Sender<Option<Deadline>>>,
 }
 
 impl Access {
     /// A new connection. With auth on and no token yet, it has `auth_timeout` to send one.
     pub fn new(auth: Option<Arc<Authenticator>>, auth_timeout: Duration) -> Access {
-        let pending = auth.as_ref().map(|_| Deadline {
-            at: Instant::now() + auth_timeout,
-            code: 4003,
-            reason: "unauthorized",
+        let deadline = auth.as_ref().map(|_| {
+            watch::Sender::new(Some(Deadline {
+                at: Instant::now() + auth_timeout,
+                code: 4003,
+                reason: "unauthorized",
+            }))
         });
         Access {
             auth,
             session: None,
-            deadline: watch::Sender::new(pending),
+            deadline,
         }
     }
 
-    /// The deadline, watched by the session so that a refresh moves it.
-    pub fn deadline(&self) -> watch::Receiver<Option<Deadline>> {
-        self.deadline.subscribe()
+    /// The deadline, watched by the session so that a refresh moves it; `None` with auth off,
+    /// when there is never one.
+    pub fn deadline(&self) -> Option<watch::Receiver<Option<Deadline>>> {
+        self.deadline.as_ref().map(watch::Sender::subscribe)
     }
 
     /// Takes a token (from the upgrade request or an `auth` message); replaces any earlier one.
@@ -398,12 +402,13 @@ impl Access {
         // any connection (past a year), where Instant arithmetic could overflow.
         let lapses = session.exp.saturating_add(auth.leeway_secs);
         let left = Duration::from_secs(lapses.saturating_sub(unix_now()));
-        self.deadline
-            .send_replace((left <= FOREVER).then(|| Deadline {
+        if let Some(deadline) = &self.deadline {
+            deadline.send_replace((left <= FOREVER).then(|| Deadline {
                 at: Instant::now() + left,
                 code: 4001,
                 reason: "token expired",
             }));
+        }
         let exp = session.exp;
         self.session = Some(session);
         Ok(Some(exp))
@@ -590,7 +595,8 @@ mod tests {
             let token = jsonwebtoken::encode(&Default::default(), &claims, &key).unwrap();
             let mut access = Access::new(Some(auth.clone()), Duration::from_secs(10));
             assert_eq!(access.present(&token), Ok(Some(exp)));
-            assert_eq!(*access.deadline().borrow(), None, "exp {exp}: no deadline");
+            let deadline = access.deadline().expect("auth is on");
+            assert_eq!(*deadline.borrow(), None, "exp {exp}: no deadline");
         }
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -268,6 +268,15 @@ impl Node {
         }
     }
 
+    /// Accounts for what a client's request came to: its publish, or its error.
+    pub fn account(&self, outcome: Outcome) {
+        match outcome {
+            Ok(Some(published)) => self.published(&published),
+            Ok(None) => {}
+            Err(code) => self.count_error(code),
+        }
+    }
+
     /// Accounts for a publish: deliveries, and the `lossless` subscribers it cut because they
     /// granted no credit within the hold timeout (closed with 4008).
     pub fn published(&self, published: &Published) {

@@ -18,6 +18,8 @@ use axum::response::{IntoResponse, Response};
 use herald_core::engine::ConnId;
 use herald_core::wire::client_frames::{FrameError, Inbound};
 use herald_core::wire::{self, ProtocolError, Reply};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -185,7 +187,12 @@ async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: O
             conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
         }
     }
-    let deadline = access.deadline();
+    // Boxed, and only with auth on: without it the future would never complete, yet take
+    // its ~330 bytes in every session task.
+    let lapsed: Pin<Box<dyn Future<Output = Deadline> + Send>> = match access.deadline() {
+        Some(deadline) => Box::pin(lapsed(deadline)),
+        None => Box::pin(std::future::pending()),
+    };
     let activity = Activity::default();
     let mut reader = FrameReader::new(read, frame_limit(&node));
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
@@ -210,7 +217,7 @@ async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: O
             let _ = writer.await;
             conn.close_reason().unwrap_or(why)
         }
-        deadline = lapsed(deadline) => {
+        deadline = lapsed => {
             let why = if deadline.code == 4001 { Disconnect::TokenExpired } else { Disconnect::Unauthorized };
             conn.close(why, deadline.code, deadline.reason);
             let _ = writer.await;
@@ -376,64 +383,71 @@ async fn read_requests(
             }
             Inbound::Pong | Inbound::Fragment(_) => continue,
         };
-        let decoded = if binary {
-            wire::decode_binary(payload)
-        } else {
-            match std::str::from_utf8(&payload) {
-                Ok(text) => wire::decode_text_frame(text, &payload),
-                Err(_) => {
-                    conn.close(
-                        Disconnect::InvalidUtf8,
-                        1007,
-                        "invalid UTF-8 in a text frame",
-                    );
-                    return conn.close_reason().unwrap_or(Disconnect::InvalidUtf8);
+        // In a block of its own: the request's slots end here, so that a wait keeps only
+        // its box across the await (rustc keeps a moved-from local while it is in scope).
+        let (waiting, releases) = {
+            let decoded = if binary {
+                wire::decode_binary(payload)
+            } else {
+                match std::str::from_utf8(&payload) {
+                    Ok(text) => wire::decode_text_frame(text, &payload),
+                    Err(_) => {
+                        conn.close(
+                            Disconnect::InvalidUtf8,
+                            1007,
+                            "invalid UTF-8 in a text frame",
+                        );
+                        return conn.close_reason().unwrap_or(Disconnect::InvalidUtf8);
+                    }
+                }
+            };
+            let request = match decoded {
+                Ok(request) => request,
+                Err(e) => {
+                    node.count_error(e.code);
+                    conn.send_control(wire::encode_reply(&Reply::from(e)));
+                    continue;
+                }
+            };
+            match access.admit(&request) {
+                Admit::Pass => {}
+                Admit::Reply(reply) => {
+                    if let Reply::Error { code, .. } = &reply {
+                        node.count_error(code);
+                    }
+                    conn.send_control(wire::encode_reply(&reply));
+                    continue;
+                }
+                Admit::Close(reply) => {
+                    node.count_error("unauthorized");
+                    conn.send_control(wire::encode_reply(&reply));
+                    conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
+                    return Disconnect::Unauthorized;
                 }
             }
-        };
-        let request = match decoded {
-            Ok(request) => request,
-            Err(e) => {
-                node.count_error(e.code);
-                conn.send_control(wire::encode_reply(&Reply::from(e)));
-                continue;
+            if let wire::Request::Publish(p) = &request {
+                node.metrics.messages_in_ws.inc();
+                node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
             }
-        };
-        match access.admit(&request) {
-            Admit::Pass => {}
-            Admit::Reply(reply) => {
-                if let Reply::Error { code, .. } = &reply {
-                    node.count_error(code);
+            subscribed |= matches!(request, wire::Request::Subscribe(_));
+            let releases = matches!(
+                request,
+                wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }
+            );
+            // A publish waits while a lossless subscriber of its topic is out of credit: only this
+            // reader is held. Boxed, being rare: see `Node::handle_waiting`.
+            let waiting = match node.handle_now(id, request, &mut pending) {
+                Ok(outcome) => {
+                    node.account(outcome);
+                    None
                 }
-                conn.send_control(wire::encode_reply(&reply));
-                continue;
-            }
-            Admit::Close(reply) => {
-                node.count_error("unauthorized");
-                conn.send_control(wire::encode_reply(&reply));
-                conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
-                return Disconnect::Unauthorized;
-            }
-        }
-        if let wire::Request::Publish(p) = &request {
-            node.metrics.messages_in_ws.inc();
-            node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
-        }
-        subscribed |= matches!(request, wire::Request::Subscribe(_));
-        let releases = matches!(
-            request,
-            wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }
-        );
-        // A publish waits while a lossless subscriber of its topic is out of credit: only this
-        // reader is held. Boxed, being rare: see `Node::handle_waiting`.
-        let outcome = match node.handle_now(id, request, &mut pending) {
-            Ok(outcome) => outcome,
-            Err(request) => Box::pin(node.handle_waiting(id, request, &mut pending)).await,
+                Err(request) => Some(Box::pin(node.handle_waiting(id, request, &mut pending))),
+            };
+            (waiting, releases)
         };
-        match outcome {
-            Ok(Some(published)) => node.published(&published),
-            Ok(None) => {}
-            Err(code) => node.count_error(code),
+        // `{ waiting }` moves it whole (a `None` too), which frees `pending` for what follows.
+        if let Some(waiting) = { waiting } {
+            node.account(waiting.await);
         }
         if releases {
             node.released.notify_waiters();
