@@ -12,7 +12,6 @@
 
 use crate::connection::Connection;
 use crate::node::now_us;
-use herald_core::outbox::IDLE_CAPACITY;
 use herald_core::wire::Frame;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -20,7 +19,13 @@ use std::sync::Arc;
 thread_local! {
     /// The connections noted by the [`Pending::collect`] running on this thread, if one is.
     static COLLECTING: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
+    /// The frames of one connection on their way to its socket: scratch for every flush on
+    /// this thread, rather than room kept by every session (512 bytes each).
+    static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
 }
+
+/// The most frames a thread's [`FRAMES`] keeps room for after a flush.
+const FRAMES_KEPT: usize = 1024;
 
 /// How many connections may wait before [`Pending::flush_if_full`] writes them.
 const FLUSH_AT: usize = 32;
@@ -29,8 +34,6 @@ const FLUSH_AT: usize = 32;
 #[derive(Default)]
 pub struct Pending {
     conns: Vec<Arc<Connection>>,
-    /// Reused by every flush: the frames of one connection on their way to its socket.
-    frames: Vec<Frame>,
     /// Where the next flush starts in its list, so that no subscriber of a topic is always
     /// written last (the seed 003 router randomised its fan-out order for the same reason).
     turn: usize,
@@ -77,17 +80,18 @@ impl Pending {
         self.turn = self.turn.wrapping_add(1);
         self.conns.rotate_left(start);
         let now = now_us();
+        // Taken out of the thread's slot for the loop (a thread being torn down has none).
+        let mut frames = FRAMES.try_with(|f| f.take()).unwrap_or_default();
         for (i, conn) in self.conns.drain(..).enumerate() {
             if i < direct {
-                conn.write_now(&mut self.frames, now); // leaves it empty
+                conn.write_now(&mut frames, now); // leaves it empty
             } else {
                 conn.wake_writer();
             }
         }
+        frames.shrink_to(FRAMES_KEPT);
+        let _ = FRAMES.try_with(|f| f.replace(frames));
         // A session keeps its `Pending` for life: an idle one should not keep a burst's room.
-        if self.frames.capacity() > IDLE_CAPACITY {
-            self.frames.shrink_to(IDLE_CAPACITY);
-        }
         if self.conns.capacity() > 4 * FLUSH_AT {
             self.conns.shrink_to(FLUSH_AT);
         }
