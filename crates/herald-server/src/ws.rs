@@ -15,6 +15,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use herald_core::engine::ConnId;
 use herald_core::wire::client_frames::{FrameError, Inbound};
 use herald_core::wire::{self, ProtocolError, Reply};
@@ -386,45 +387,11 @@ async fn read_requests(
         // In a block of its own: the request's slots end here, so that a wait keeps only
         // its box across the await (rustc keeps a moved-from local while it is in scope).
         let (waiting, releases) = {
-            let decoded = if binary {
-                wire::decode_binary(payload)
-            } else {
-                match std::str::from_utf8(&payload) {
-                    Ok(text) => wire::decode_text_frame(text, &payload),
-                    Err(_) => {
-                        conn.close(
-                            Disconnect::InvalidUtf8,
-                            1007,
-                            "invalid UTF-8 in a text frame",
-                        );
-                        return conn.close_reason().unwrap_or(Disconnect::InvalidUtf8);
-                    }
-                }
-            };
-            let request = match decoded {
+            let request = match admitted(node, conn, access, binary, payload) {
                 Ok(request) => request,
-                Err(e) => {
-                    node.count_error(e.code);
-                    conn.send_control(wire::encode_reply(&Reply::from(e)));
-                    continue;
-                }
+                Err(None) => continue,
+                Err(Some(why)) => return why,
             };
-            match access.admit(&request) {
-                Admit::Pass => {}
-                Admit::Reply(reply) => {
-                    if let Reply::Error { code, .. } = &reply {
-                        node.count_error(code);
-                    }
-                    conn.send_control(wire::encode_reply(&reply));
-                    continue;
-                }
-                Admit::Close(reply) => {
-                    node.count_error("unauthorized");
-                    conn.send_control(wire::encode_reply(&reply));
-                    conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
-                    return Disconnect::Unauthorized;
-                }
-            }
             if let wire::Request::Publish(p) = &request {
                 node.metrics.messages_in_ws.inc();
                 node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
@@ -453,6 +420,57 @@ async fn read_requests(
             node.released.notify_waiters();
         }
         pending.flush_if_full();
+    }
+}
+
+/// A client's message as a request to carry out, decoded and checked against the connection's
+/// access; or `Err` once it has been answered here (`None`: the connection stays) or the
+/// connection closed for it (`Some`, why).
+fn admitted(
+    node: &Node,
+    conn: &Connection,
+    access: &mut Access,
+    binary: bool,
+    payload: Bytes,
+) -> Result<wire::Request, Option<Disconnect>> {
+    let decoded = if binary {
+        wire::decode_binary(payload)
+    } else {
+        match std::str::from_utf8(&payload) {
+            Ok(text) => wire::decode_text_frame(text, &payload),
+            Err(_) => {
+                conn.close(
+                    Disconnect::InvalidUtf8,
+                    1007,
+                    "invalid UTF-8 in a text frame",
+                );
+                return Err(Some(conn.close_reason().unwrap_or(Disconnect::InvalidUtf8)));
+            }
+        }
+    };
+    let request = match decoded {
+        Ok(request) => request,
+        Err(e) => {
+            node.count_error(e.code);
+            conn.send_control(wire::encode_reply(&Reply::from(e)));
+            return Err(None);
+        }
+    };
+    match access.admit(&request) {
+        Admit::Pass => Ok(request),
+        Admit::Reply(reply) => {
+            if let Reply::Error { code, .. } = &reply {
+                node.count_error(code);
+            }
+            conn.send_control(wire::encode_reply(&reply));
+            Err(None)
+        }
+        Admit::Close(reply) => {
+            node.count_error("unauthorized");
+            conn.send_control(wire::encode_reply(&reply));
+            conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
+            Err(Some(Disconnect::Unauthorized))
+        }
     }
 }
 

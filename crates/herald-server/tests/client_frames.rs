@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use futures_util::StreamExt;
 use herald_core::wire::client_frames::encode_client_frame;
 use herald_server::Config;
 use serde_json::json;
@@ -123,12 +122,8 @@ async fn a_large_binary_publish_written_in_pieces_arrives_whole() {
     for piece in encode_client_frame(true, 0x2, MASK, &publish).chunks(50_001) {
         tcp.write_all(piece).await.unwrap();
     }
-    let delivered = loop {
-        match tokio::time::timeout(WAIT, subscriber.next()).await.unwrap() {
-            Some(Ok(Message::Binary(frame))) => break frame,
-            Some(Ok(_)) => continue,
-            other => panic!("no message: {other:?}"),
-        }
+    let Message::Binary(delivered) = next(&mut subscriber).await else {
+        panic!("the message, as one binary frame");
     };
     let (header, got) = split_binary(&delivered);
     assert_eq!(header["topic"], "big");
