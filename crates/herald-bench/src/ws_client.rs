@@ -149,21 +149,10 @@ impl WsWriter {
     }
 }
 
-/// Appends a masked client frame (FIN set, zero mask key) to `out`.
+/// Appends a masked client frame (FIN set, zero mask key, so the payload goes as it is) to
+/// `out`.
 pub fn encode_client_frame(opcode: u8, payload: &[u8], out: &mut Vec<u8>) {
-    out.push(0x80 | opcode);
-    let len = payload.len();
-    if len < 126 {
-        out.push(0x80 | len as u8);
-    } else if len <= u16::MAX as usize {
-        out.push(0x80 | 126);
-        out.extend_from_slice(&(len as u16).to_be_bytes());
-    } else {
-        out.push(0x80 | 127);
-        out.extend_from_slice(&(len as u64).to_be_bytes());
-    }
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(payload);
+    herald_core::wire::client_frames::encode_client_frame(true, opcode, [0; 4], payload, out);
 }
 
 enum Parsed {

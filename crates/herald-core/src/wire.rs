@@ -657,19 +657,25 @@ pub fn binary_message_seq(frame: &Frame) -> Option<u64> {
 /// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2).
 fn ws_header(op: OpCode, len: usize) -> Vec<u8> {
     let mut h = Vec::with_capacity(10);
-    h.push(0x80 | op as u8);
+    put_frame_head(&mut h, 0x80 | op as u8, 0, len);
+    h
+}
+
+/// A WebSocket frame header up to its mask key: the first byte (FIN, opcode), then the length
+/// in its 7-, 16- or 64-bit form with `mask_bit` (0, or 0x80 for a client's frame).
+fn put_frame_head(out: &mut Vec<u8>, first: u8, mask_bit: u8, len: usize) {
+    out.push(first);
     match len {
-        0..=125 => h.push(len as u8),
+        0..=125 => out.push(mask_bit | len as u8),
         126..=0xFFFF => {
-            h.push(126);
-            h.extend_from_slice(&(len as u16).to_be_bytes());
+            out.push(mask_bit | 126);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
         }
         _ => {
-            h.push(127);
-            h.extend_from_slice(&(len as u64).to_be_bytes());
+            out.push(mask_bit | 127);
+            out.extend_from_slice(&(len as u64).to_be_bytes());
         }
     }
-    h
 }
 
 #[cfg(test)]

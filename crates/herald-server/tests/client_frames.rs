@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use herald_core::wire::client_frames::encode_client_frame;
+use herald_core::wire::client_frames;
 use herald_server::Config;
 use serde_json::json;
 use std::time::Duration;
@@ -13,6 +13,13 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
 const MASK: [u8; 4] = [0xa1, 0x07, 0x5c, 0xe3];
+
+/// One masked client frame.
+fn encode_client_frame(fin: bool, opcode: u8, mask: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    client_frames::encode_client_frame(fin, opcode, mask, payload, &mut out);
+    out
+}
 
 /// A WebSocket connection made by hand: the handshake, then raw bytes.
 async fn raw(server: &TestServer) -> TcpStream {

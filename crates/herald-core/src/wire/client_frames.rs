@@ -186,7 +186,7 @@ impl Decoder {
     pub fn wanted(&self, buf: &[u8]) -> usize {
         match self.head(buf) {
             Ok(Some(head)) => head.len + head.payload,
-            _ => 2.max(header_len(buf)),
+            _ => header_len(buf),
         }
     }
 
@@ -287,26 +287,23 @@ pub fn unmask(payload: &mut [u8], mask: [u8; 4]) {
     }
 }
 
-/// A masked client frame, as a client writes it (tests, fuzzing and the bench's clients).
-pub fn encode_client_frame(fin: bool, opcode: u8, mask: [u8; 4], payload: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(14 + payload.len());
-    frame.push(if fin { 0x80 } else { 0 } | opcode);
-    match payload.len() {
-        n @ 0..=125 => frame.push(0x80 | n as u8),
-        n @ 126..=0xFFFF => {
-            frame.push(0x80 | 126);
-            frame.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            frame.push(0x80 | 127);
-            frame.extend_from_slice(&(n as u64).to_be_bytes());
-        }
+/// Appends a masked client frame to `out`, as a client writes it: the bench's clients (with a
+/// zero mask key, which leaves the payload as it is), tests and fuzzing.
+pub fn encode_client_frame(
+    fin: bool,
+    opcode: u8,
+    mask: [u8; 4],
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let first = if fin { 0x80 } else { 0 } | opcode;
+    super::put_frame_head(out, first, 0x80, payload.len());
+    out.extend_from_slice(&mask);
+    let start = out.len();
+    out.extend_from_slice(payload);
+    if mask != [0; 4] {
+        unmask(&mut out[start..], mask);
     }
-    frame.extend_from_slice(&mask);
-    let start = frame.len();
-    frame.extend_from_slice(payload);
-    unmask(&mut frame[start..], mask);
-    frame
 }
 
 #[cfg(test)]
@@ -315,6 +312,13 @@ mod tests {
     use proptest::prelude::*;
 
     const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+
+    /// One client frame on its own.
+    fn frame(fin: bool, opcode: u8, mask: [u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_client_frame(fin, opcode, mask, payload, &mut out);
+        out
+    }
 
     fn decode_all(decoder: &mut Decoder, bytes: &[u8]) -> Result<Vec<Inbound>, FrameError> {
         let mut buf = BytesMut::from(bytes);
@@ -345,15 +349,15 @@ mod tests {
             decode_all(&mut decoder, &hello).unwrap(),
             [message(false, b"Hello")]
         );
-        assert_eq!(encode_client_frame(true, 1, MASK, b"Hello"), hello);
+        assert_eq!(frame(true, 1, MASK, b"Hello"), hello);
     }
 
     #[test]
     fn fragments_are_put_back_together_around_a_ping() {
-        let mut bytes = encode_client_frame(false, 1, MASK, b"Hel");
-        bytes.extend(encode_client_frame(true, 9, MASK, b"are you there"));
-        bytes.extend(encode_client_frame(false, 0, MASK, b"lo, "));
-        bytes.extend(encode_client_frame(true, 0, MASK, b"world"));
+        let mut bytes = frame(false, 1, MASK, b"Hel");
+        bytes.extend(frame(true, 9, MASK, b"are you there"));
+        bytes.extend(frame(false, 0, MASK, b"lo, "));
+        bytes.extend(frame(true, 0, MASK, b"world"));
         let frames = decode_all(&mut Decoder::new(100), &bytes).unwrap();
         assert_eq!(
             frames,
@@ -368,7 +372,7 @@ mod tests {
     fn lengths_use_the_16_and_64_bit_forms() {
         for len in [125, 126, 65_535, 65_536, 70_000] {
             let payload: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
-            let bytes = encode_client_frame(true, 2, MASK, &payload);
+            let bytes = frame(true, 2, MASK, &payload);
             let mut decoder = Decoder::new(1 << 20);
             let header = bytes.len() - len;
             assert_eq!(decoder.wanted(&bytes[..2]), header, "{len}");
@@ -382,14 +386,14 @@ mod tests {
 
     #[test]
     fn a_frame_or_a_message_over_the_limit_is_refused() {
-        let big = encode_client_frame(true, 2, MASK, &[0; 101]);
+        let big = frame(true, 2, MASK, &[0; 101]);
         // Refused from the header alone, before the payload arrives.
         assert_eq!(
             Decoder::new(100).decode(&mut BytesMut::from(&big[..8])),
             Err(FrameError::TooLarge { limit: 100 })
         );
-        let mut fragments = encode_client_frame(false, 2, MASK, &[0; 60]);
-        fragments.extend(encode_client_frame(true, 0, MASK, &[0; 41]));
+        let mut fragments = frame(false, 2, MASK, &[0; 60]);
+        fragments.extend(frame(true, 0, MASK, &[0; 41]));
         let refused = decode_all(&mut Decoder::new(100), &fragments).unwrap_err();
         assert_eq!(
             (refused.code(), refused),
@@ -404,40 +408,27 @@ mod tests {
                 vec![0x81, 0x05, b'h', b'e', b'l', b'l', b'o'],
                 FrameError::Unmasked,
             ),
+            (frame(true, 0x41, MASK, b"x"), FrameError::ReservedBits),
+            (frame(true, 0x3, MASK, b"x"), FrameError::UnknownOpcode(3)),
+            (frame(false, 0x9, MASK, b"x"), FrameError::BadControlFrame),
             (
-                encode_client_frame(true, 0x41, MASK, b"x"),
-                FrameError::ReservedBits,
-            ),
-            (
-                encode_client_frame(true, 0x3, MASK, b"x"),
-                FrameError::UnknownOpcode(3),
-            ),
-            (
-                encode_client_frame(false, 0x9, MASK, b"x"),
+                frame(true, 0x9, MASK, &[0; 126]),
                 FrameError::BadControlFrame,
             ),
             (
-                encode_client_frame(true, 0x9, MASK, &[0; 126]),
-                FrameError::BadControlFrame,
-            ),
-            (
-                encode_client_frame(true, 0x0, MASK, b"x"),
+                frame(true, 0x0, MASK, b"x"),
                 FrameError::UnexpectedContinuation,
             ),
             (
-                [
-                    encode_client_frame(false, 1, MASK, b"a"),
-                    encode_client_frame(true, 1, MASK, b"b"),
-                ]
-                .concat(),
+                [frame(false, 1, MASK, b"a"), frame(true, 1, MASK, b"b")].concat(),
                 FrameError::ExpectedContinuation,
             ),
             (
-                encode_client_frame(true, 0x8, MASK, &[0x03, 0xEE]),
+                frame(true, 0x8, MASK, &[0x03, 0xEE]),
                 FrameError::BadCloseCode,
             ),
             (
-                encode_client_frame(true, 0x8, MASK, &[0x03, 0xE8, 0xFF]),
+                frame(true, 0x8, MASK, &[0x03, 0xE8, 0xFF]),
                 FrameError::BadCloseReason,
             ),
         ];
@@ -457,17 +448,14 @@ mod tests {
         assert_eq!(
             decode_all(
                 &mut Decoder::new(10),
-                &encode_client_frame(true, 8, MASK, &[0x03, 0xE8, b'o', b'k'])
+                &frame(true, 8, MASK, &[0x03, 0xE8, b'o', b'k'])
             ),
             Ok(vec![Inbound::Close(Bytes::from_static(&[
                 0x03, 0xE8, b'o', b'k'
             ]))])
         );
         assert_eq!(
-            decode_all(
-                &mut Decoder::new(10),
-                &encode_client_frame(true, 8, MASK, &[0x03])
-            ),
+            decode_all(&mut Decoder::new(10), &frame(true, 8, MASK, &[0x03])),
             Err(FrameError::BadCloseCode)
         );
     }
@@ -477,7 +465,7 @@ mod tests {
         // Whether `payload` lies in the read buffer (and so would keep all of it alive).
         fn shares(opcode: u8, len: usize) -> bool {
             let mut buf = BytesMut::with_capacity(len + 1024);
-            buf.extend_from_slice(&encode_client_frame(true, opcode, MASK, &vec![1; len]));
+            buf.extend_from_slice(&frame(true, opcode, MASK, &vec![1; len]));
             let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.capacity();
             let Some(Inbound::Message { payload, .. }) =
                 Decoder::new(1 << 20).decode(&mut buf).unwrap()
@@ -508,7 +496,7 @@ mod tests {
                 let chunks: Vec<&[u8]> = if payload.is_empty() { vec![&[][..]] } else { payload.chunks(step).collect() };
                 for (i, chunk) in chunks.iter().enumerate() {
                     let op = if i == 0 { if *binary { 2 } else { 1 } } else { 0 };
-                    stream.extend(encode_client_frame(i + 1 == chunks.len(), op, mask, chunk));
+                    stream.extend(frame(i + 1 == chunks.len(), op, mask, chunk));
                 }
             }
             let mut decoder = Decoder::new(1 << 20);
