@@ -173,3 +173,20 @@ async fn protocol_violations_close_with_1002_and_are_counted() {
     assert_eq!(counted, violations.len() as f64);
     server.stop().await;
 }
+
+/// Each fragment counts against the frame rate, so a message that never ends cannot flood.
+#[tokio::test]
+async fn fragments_count_against_the_rate_limit() {
+    let mut config = Config::default();
+    config.limits.max_messages_per_sec = 50;
+    let server = TestServer::start(config).await;
+    let mut tcp = raw(&server).await;
+    let mut flood = encode_client_frame(false, 0x1, MASK, b"{");
+    for _ in 0..200 {
+        flood.extend(encode_client_frame(false, 0x0, MASK, b" "));
+    }
+    tcp.write_all(&flood).await.unwrap();
+    let (code, reason) = close_of(&frames_until_closed(&mut tcp).await);
+    assert_eq!((code, reason.as_str()), (1008, "rate limit exceeded"));
+    server.stop().await;
+}
