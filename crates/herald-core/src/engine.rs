@@ -425,8 +425,15 @@ impl<O: Outbox> Engine<O> {
     /// subscribes is over: grown by doubling, 100 subscriptions would keep room for 128, about
     /// a kilobyte per connection held for its whole life.
     pub fn trim(&mut self, id: ConnId) {
-        if let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) {
-            conn.subs.shrink_to_fit();
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.subs.capacity() > conn.subs.len() {
+            // Moved to a list of the exact size rather than `shrink_to_fit`: mimalloc keeps a
+            // block shrunk by less than half where it is, whole.
+            let mut exact = Vec::with_capacity(conn.subs.len());
+            exact.append(&mut conn.subs);
+            conn.subs = exact;
         }
     }
 
