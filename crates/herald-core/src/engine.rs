@@ -657,9 +657,8 @@ impl<O: Outbox> Engine<O> {
         });
         let rule = state.policy_rule;
         let meta = MessageMeta {
-            topic: &p.topic,
+            head: &state.head,
             seq: state.seq,
-            epoch: &state.epoch,
             content_type: p.content_type.as_deref(),
             timestamp_us: p.stamp.then_some(now_us),
         };

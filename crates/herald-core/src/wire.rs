@@ -376,12 +376,39 @@ fn into_request(
     }
 }
 
+/// The JSON that every message of a topic shares under one numbering,
+/// `{"op":"msg","topic":…,"seq":` and `,"epoch":…`: written when the numbering starts, so
+/// that encoding a message copies it rather than escaping its topic and epoch again (a third
+/// of the cost of encoding a small message, callgrind).
+#[derive(Clone, Debug)]
+pub struct MessageHead {
+    json: Box<[u8]>,
+    /// Where the sequence number goes.
+    seq_at: usize,
+}
+
+impl MessageHead {
+    pub fn new(topic: &str, epoch: &str) -> Self {
+        let mut json = BytesMut::with_capacity(topic.len() + epoch.len() + 40);
+        json.put_slice(b"{\"op\":\"msg\",\"topic\":");
+        write_json_str(&mut json, topic);
+        json.put_slice(b",\"seq\":");
+        let seq_at = json.len();
+        json.put_slice(b",\"epoch\":");
+        write_json_str(&mut json, epoch);
+        MessageHead {
+            json: json.to_vec().into_boxed_slice(),
+            seq_at,
+        }
+    }
+}
+
 /// What a delivered message frame says about its message.
 #[derive(Clone, Copy, Debug)]
 pub struct MessageMeta<'a> {
-    pub topic: &'a str,
+    /// Its topic and epoch, as JSON.
+    pub head: &'a MessageHead,
     pub seq: u64,
-    pub epoch: &'a str,
     pub content_type: Option<&'a str>,
     /// herald's receive time, µs since the UNIX epoch, when the publisher asked for it.
     pub timestamp_us: Option<u64>,
@@ -393,8 +420,8 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
         PayloadKind::Text => {
             // One buffer, one slice to write: the JSON goes after room for the longest
             // WebSocket header, and the header is put right before it once the length is known.
-            let mut buf =
-                BytesMut::with_capacity(MAX_HEADER + payload.len() + meta.topic.len() + 80);
+            // `,"data":""` is 10 bytes.
+            let mut buf = BytesMut::with_capacity(MAX_HEADER + meta_len(meta) + 10 + payload.len());
             buf.put_bytes(0, MAX_HEADER);
             write_meta_fields(&mut buf, meta);
             buf.put_slice(b",\"data\":");
@@ -403,7 +430,7 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
             text_frame(buf)
         }
         PayloadKind::Binary => {
-            let mut json = BytesMut::with_capacity(meta.topic.len() + 80);
+            let mut json = BytesMut::with_capacity(meta_len(meta));
             write_meta_fields(&mut json, meta);
             json.put_u8(b'}');
             let head = ws_header(OpCode::Binary, 4 + json.len() + payload.len());
@@ -422,14 +449,18 @@ pub fn encode_message(meta: &MessageMeta, kind: PayloadKind, payload: &Bytes) ->
 /// The longest WebSocket frame header a server sends (no mask): 1 + 1 + 8 bytes.
 const MAX_HEADER: usize = 10;
 
+/// Room for [`write_meta_fields`] and a closing brace: the longest sequence number and time
+/// are 20 digits, and a content type is plain unless it is hostile.
+fn meta_len(meta: &MessageMeta) -> usize {
+    meta.head.json.len() + 20 + meta.content_type.map_or(0, |ct| 8 + ct.len()) + 27
+}
+
 /// `{"op":"msg","topic":…,"seq":…,"epoch":…[,"ct":…][,"ts":…]` (no closing brace).
 fn write_meta_fields(out: &mut BytesMut, meta: &MessageMeta) {
-    out.put_slice(b"{\"op\":\"msg\",\"topic\":");
-    write_json_str(out, meta.topic);
-    out.put_slice(b",\"seq\":");
+    let (before_seq, after_seq) = meta.head.json.split_at(meta.head.seq_at);
+    out.put_slice(before_seq);
     write_u64(out, meta.seq);
-    out.put_slice(b",\"epoch\":");
-    write_json_str(out, meta.epoch);
+    out.put_slice(after_seq);
     if let Some(ct) = meta.content_type {
         out.put_slice(b",\"ct\":");
         write_json_str(out, ct);
@@ -687,14 +718,17 @@ mod tests {
     use crate::test_support::unframe;
     use serde_json::{json, Value};
 
-    fn meta<'a>(topic: &'a str, ct: Option<&'a str>, ts: Option<u64>) -> MessageMeta<'a> {
+    fn meta<'a>(head: &'a MessageHead, ct: Option<&'a str>, ts: Option<u64>) -> MessageMeta<'a> {
         MessageMeta {
-            topic,
+            head,
             seq: 42,
-            epoch: "e1",
             content_type: ct,
             timestamp_us: ts,
         }
+    }
+
+    fn head(topic: &str) -> MessageHead {
+        MessageHead::new(topic, "e1")
     }
 
     #[test]
@@ -854,7 +888,7 @@ mod tests {
     fn text_message_frame_is_valid_json() {
         let payload = Bytes::from_static("quote \"1.08\" \u{1F600}".as_bytes());
         let frame = encode_message(
-            &meta("q/fx/EURUSD", Some("text/plain"), Some(7)),
+            &meta(&head("q/fx/EURUSD"), Some("text/plain"), Some(7)),
             PayloadKind::Text,
             &payload,
         );
@@ -868,10 +902,37 @@ mod tests {
     }
 
     #[test]
+    fn a_message_head_escapes_its_topic_and_epoch_once_for_every_message() {
+        // An epoch adopted from another node is whatever that node sent.
+        let head = MessageHead::new("caméra/ü", "e\"1\\\n");
+        for seq in [0, 7, u64::MAX] {
+            let frame = encode_message(
+                &MessageMeta {
+                    head: &head,
+                    seq,
+                    content_type: None,
+                    timestamp_us: None,
+                },
+                PayloadKind::Text,
+                &Bytes::from_static(b"x"),
+            );
+            let v: Value = serde_json::from_slice(&unframe(&frame).1).unwrap();
+            assert_eq!(
+                v,
+                json!({"op":"msg","topic":"caméra/ü","seq":seq,"epoch":"e\"1\\\n","data":"x"})
+            );
+        }
+    }
+
+    #[test]
     fn binary_message_frame_shares_the_payload() {
         for size in [0usize, 100, 70_000] {
             let payload = Bytes::from(vec![7u8; size]);
-            let frame = encode_message(&meta("cam/1", None, None), PayloadKind::Binary, &payload);
+            let frame = encode_message(
+                &meta(&head("cam/1"), None, None),
+                PayloadKind::Binary,
+                &payload,
+            );
             assert_eq!(frame.body.as_ptr(), payload.as_ptr(), "payload not copied");
             let (op, body) = unframe(&frame);
             assert_eq!(op, 0x2);
@@ -889,11 +950,15 @@ mod tests {
     fn a_binary_message_frame_tells_its_seq() {
         for size in [0usize, 200, 70_000] {
             let payload = Bytes::from(vec![1u8; size]);
-            let frame = encode_message(&meta("v/a", None, None), PayloadKind::Binary, &payload);
+            let frame = encode_message(
+                &meta(&head("v/a"), None, None),
+                PayloadKind::Binary,
+                &payload,
+            );
             assert_eq!(binary_message_seq(&frame), Some(42));
         }
         let text = encode_message(
-            &meta("v/a", None, None),
+            &meta(&head("v/a"), None, None),
             PayloadKind::Text,
             &Bytes::from("x"),
         );

@@ -111,9 +111,8 @@ impl<O: Outbox> Engine<O> {
             by_seq.entry(m.seq).or_insert_with(|| {
                 let p = &m.publish;
                 let meta = MessageMeta {
-                    topic: topic_name,
+                    head: &state.head,
                     seq: m.seq,
-                    epoch,
                     content_type: p.content_type.as_deref(),
                     timestamp_us: p.stamp.then_some(m.at_us),
                 };

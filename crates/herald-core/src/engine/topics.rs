@@ -7,7 +7,7 @@
 
 use super::{EngineConfig, HistoryRule};
 use crate::topic;
-use crate::wire::Frame;
+use crate::wire::{Frame, MessageHead};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -24,6 +24,8 @@ pub(super) struct TopicState {
     pub policy_rule: Option<usize>,
     pub seq: u64,
     pub epoch: String,
+    /// The JSON its messages start with under this epoch.
+    pub head: MessageHead,
     /// Index into `EngineConfig::history`, or `None` for last-value only.
     pub rule: Option<usize>,
     pub history: VecDeque<Stored>,
@@ -39,6 +41,7 @@ pub(super) struct TopicState {
 impl TopicState {
     /// Starts over under `epoch`: what is held belongs to another numbering.
     pub fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
+        self.head = MessageHead::new(&self.name, &epoch);
         self.epoch = epoch;
         self.seq = seq;
         self.foreign = foreign;
@@ -120,11 +123,13 @@ impl Topics {
             new_epoch(*epoch_seed, *epochs)
         };
         let (_, state) = map.raw_entry_mut().from_key(name).or_insert_with(|| {
+            let epoch = next_epoch();
             let state = TopicState {
                 name: name.into(),
                 policy_rule: policy_rule(config, name),
                 seq: 0,
-                epoch: next_epoch(),
+                head: MessageHead::new(name, &epoch),
+                epoch,
                 rule: config
                     .history
                     .iter()
