@@ -155,7 +155,8 @@ fn refill(state: &mut IpState, rate: f64, burst: f64, now: Instant) -> f64 {
 pub struct Meter {
     max_frames: u64,
     max_bytes: u64,
-    window: Instant,
+    /// When the current window ends: a comparison per frame, not a subtraction.
+    window_end: Instant,
     frames: u64,
     bytes: u64,
 }
@@ -165,7 +166,7 @@ impl Meter {
         Meter {
             max_frames: config.max_messages_per_sec,
             max_bytes: config.max_bytes_per_sec,
-            window: now,
+            window_end: now + Duration::from_secs(1),
             frames: 0,
             bytes: 0,
         }
@@ -173,8 +174,8 @@ impl Meter {
 
     /// Counts one frame of `bytes`; says which limit it broke, if any.
     pub fn record(&mut self, bytes: usize, now: Instant) -> Result<(), String> {
-        if now.saturating_duration_since(self.window) >= Duration::from_secs(1) {
-            self.window = now;
+        if now >= self.window_end {
+            self.window_end = now + Duration::from_secs(1);
             self.frames = 0;
             self.bytes = 0;
         }
