@@ -637,7 +637,7 @@ impl<O: Outbox> Engine<O> {
                 ),
             )));
         }
-        if p.kind == wire::PayloadKind::Text && std::str::from_utf8(&p.payload).is_err() {
+        if p.kind == wire::PayloadKind::Text && wire::utf8(&p.payload).is_err() {
             return Err(fail(ProtocolError::new(
                 "bad_frame",
                 "a text payload must be valid UTF-8",

@@ -444,7 +444,7 @@ fn admitted(
     let decoded = if binary {
         wire::decode_binary(payload)
     } else {
-        match std::str::from_utf8(&payload) {
+        match wire::utf8(&payload) {
             Ok(text) => wire::decode_text_frame(text, &payload),
             Err(_) => {
                 conn.close(
