@@ -523,7 +523,7 @@ impl<O: Outbox> Engine<O> {
                 if let Some(id) = &p.id {
                     let ack = Reply::Ack {
                         id: id.clone(),
-                        topic: p.topic.clone(),
+                        topic: p.topic.to_string(),
                         seq: published.seq,
                     };
                     self.reply(conn, &ack);

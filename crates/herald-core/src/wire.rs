@@ -8,6 +8,7 @@
 //! (which would copy and re-frame the payload for every subscriber).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -119,7 +120,9 @@ pub struct Subscribe {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Publish {
     pub id: Option<RequestId>,
-    pub topic: String,
+    /// Held inline up to 24 bytes: taking a topic out of a request allocated for every
+    /// publish, ~100 instructions of malloc and free (callgrind).
+    pub topic: CompactString,
     pub payload: Bytes,
     pub kind: PayloadKind,
     pub content_type: Option<String>,
@@ -218,7 +221,7 @@ fn decode_text_sharing(
     if let Some(p) = plain_pub::scan(text) {
         return Ok(Request::Publish(Publish {
             id: p.id,
-            topic: p.topic.to_owned(),
+            topic: CompactString::from(p.topic),
             payload: share(p.data),
             kind: PayloadKind::Text,
             content_type: p.ct.map(str::to_owned),
@@ -367,7 +370,7 @@ fn into_request(
             let topic = raw.topic.ok_or_else(|| missing("topic", op))?.into_owned();
             let (payload, kind) = payload.ok_or_else(|| missing("data", op))?;
             Ok(Request::Publish(Publish {
-                topic,
+                topic: topic.into(),
                 payload,
                 kind,
                 content_type: raw.ct.map(Cow::into_owned),

@@ -120,7 +120,7 @@ impl Carried {
     pub fn publish(&self, topic: String, payload: Bytes) -> Publish {
         Publish {
             id: None,
-            topic,
+            topic: topic.into(),
             payload,
             kind: self.kind,
             content_type: self.content_type.clone(),

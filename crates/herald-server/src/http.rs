@@ -109,15 +109,17 @@ async fn publish(
     };
     let request = Publish {
         id: None,
-        topic,
+        topic: topic.into(),
         payload,
         kind,
         content_type,
         stamp: options.stamp,
     };
     match node.publish_http(&request).await {
-        Ok(p) => Json(json!({"topic": request.topic, "seq": p.seq, "deliveries": p.deliveries}))
-            .into_response(),
+        Ok(p) => {
+            Json(json!({"topic": request.topic.as_str(), "seq": p.seq, "deliveries": p.deliveries}))
+                .into_response()
+        }
         Err(e) if e.code == "message_too_large" => error(StatusCode::PAYLOAD_TOO_LARGE, e),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }

@@ -185,7 +185,7 @@ async fn transfer(
     };
     let request = Publish {
         id: None,
-        topic: topic(&name),
+        topic: topic(&name).into(),
         payload,
         kind: PayloadKind::Binary,
         content_type: Some(content_type),
