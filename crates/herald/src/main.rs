@@ -6,6 +6,7 @@
 //! - `token` ([`token`]): mint an HS256 token for a server with auth on.
 //! - `bench`: the load generator and scenario runner (crate `herald-bench`).
 
+mod allocator;
 mod client;
 mod publish;
 mod save;
@@ -16,11 +17,8 @@ mod token;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-/// mimalloc rather than glibc's malloc: every message allocates its frame and frees the one it
-/// replaces, and glibc spent ~1,000 instructions per publish on that (callgrind, see
-/// docs/performance.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::SplitBySize = allocator::SplitBySize;
 
 #[derive(Parser)]
 #[command(name = "herald", version, about = "A real-time web messaging router", long_about = None)]
