@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
         }));
         let _ = access.admit(&Request::Publish(Publish {
             id: None,
-            topic,
+            topic: topic.into(),
             payload: bytes::Bytes::new(),
             kind: PayloadKind::Text,
             content_type: None,
