@@ -5,10 +5,10 @@
 //! - [`index`]: the subscription index, a trie that finds who a topic's message goes to.
 //! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
-//! - [`outbox`]: a connection's bounded outbound queue.
-//! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 //! - [`outbox`]: a connection's bounded outbound queue, where slow-consumer policies act.
+//! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 //! - [`policy`]: the slow-consumer policies and their configured defaults.
+//! - [`grant`]: permissions as topic patterns, what a token allows.
 
 pub mod engine;
 pub mod grant;
