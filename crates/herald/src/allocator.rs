@@ -64,3 +64,43 @@ unsafe impl GlobalAlloc for SplitBySize {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block keeps its bytes across resizes that cross the line, both ways.
+    #[test]
+    fn resizing_across_the_line_keeps_the_bytes() {
+        let small = 1000;
+        let large = 3 * LARGE;
+        unsafe {
+            let layout = Layout::from_size_align(small, 8).unwrap();
+            let p = SplitBySize.alloc(layout);
+            assert!(!p.is_null());
+            for i in 0..small {
+                *p.add(i) = i as u8;
+            }
+            let p = SplitBySize.realloc(p, layout, large);
+            assert!(!p.is_null());
+            for i in 0..small {
+                assert_eq!(*p.add(i), i as u8);
+            }
+            for i in small..large {
+                *p.add(i) = 7;
+            }
+            let p = SplitBySize.realloc(p, Layout::from_size_align(large, 8).unwrap(), 500);
+            assert!(!p.is_null());
+            for i in 0..500 {
+                assert_eq!(*p.add(i), i as u8);
+            }
+            SplitBySize.dealloc(p, Layout::from_size_align(500, 8).unwrap());
+
+            let zeroed = Layout::from_size_align(large, 64).unwrap();
+            let z = SplitBySize.alloc_zeroed(zeroed);
+            assert!(!z.is_null() && (z as usize).is_multiple_of(64));
+            assert!((0..large).all(|i| *z.add(i) == 0));
+            SplitBySize.dealloc(z, zeroed);
+        }
+    }
+}
