@@ -4,8 +4,9 @@
 //! cost ~680 instructions per saturated publish (callgrind, docs/performance.md); mimalloc
 //! ~300. But mimalloc keeps freed large blocks for reuse, and herald's memory bounds are
 //! promises: with mimalloc alone, a burst of 8 MiB images left the server at a 179 MiB peak,
-//! over the bound `crates/herald/tests/cli.rs` holds it to (137 MiB split; glibc maps large
-//! blocks on their own and unmaps them when freed). So each size goes where it costs least.
+//! over the bound `crates/herald/tests/cli.rs` holds it to; split, 137 MiB, within it. glibc
+//! gives large blocks back to the system (mapped apart, or trimmed from the top of its heap).
+//! So each size goes where it costs least.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
