@@ -651,6 +651,7 @@ impl<O: Outbox> Engine<O> {
     fn append(&mut self, p: &Publish, now_us: u64, numbering: Numbering) -> Published {
         let config = &self.config;
         let state = self.topics.entry(config, &p.topic, numbering);
+        state.prefetch_oldest();
         state.seq += 1;
         let default = state.policy_rule.map_or((Policy::Disconnect, None), |i| {
             (config.policy[i].policy, config.policy[i].max_rate)

@@ -36,6 +36,10 @@ pub(super) struct TopicState {
     pub foreign: bool,
     /// The publish count when the last message from another node was recorded.
     pub remote_at: u64,
+    /// Where the bytes of the oldest message in `history` start, noted when it became the
+    /// oldest (0 when there is none): only ever prefetched, never read (see
+    /// [`TopicState::prefetch_oldest`]).
+    pub oldest_bytes: usize,
 }
 
 impl TopicState {
@@ -46,7 +50,23 @@ impl TopicState {
         self.seq = seq;
         self.foreign = foreign;
         self.history.clear();
+        self.oldest_bytes = 0;
         self.history_bytes = 0;
+    }
+
+    /// Starts loading what recording the next message will touch and what was last touched
+    /// `max_messages` publishes of this topic ago, so out of the cache: the oldest entry (read
+    /// to evict it), the one after it (the next oldest, whose bytes are noted) and the oldest's
+    /// bytes, whose reference count the eviction drops. Each is a cache miss otherwise, one
+    /// waiting for the other; issued when the topic is found, they overlap with encoding.
+    pub fn prefetch_oldest(&self) {
+        if let Some(oldest) = self.history.front() {
+            prefetch(std::ptr::from_ref(oldest).cast());
+            prefetch(self.oldest_bytes as *const u8);
+        }
+        if let Some(next) = self.history.get(1) {
+            prefetch(std::ptr::from_ref(next).cast());
+        }
     }
 
     pub fn trim_by_age(&mut self, rule: &HistoryRule, now_us: u64) {
@@ -58,6 +78,10 @@ impl TopicState {
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
+        self.oldest_bytes = self
+            .history
+            .front()
+            .map_or(0, |s| s.frame.head.as_ptr() as usize);
     }
 
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
@@ -65,14 +89,24 @@ impl TopicState {
         let Some(rule) = rule.filter(|r| r.max_messages > 0) else {
             return;
         };
-        self.history_bytes += stored.frame.len();
-        self.history.push_back(stored);
-        while self.history.len() > rule.max_messages
-            || (self.history_bytes > rule.max_bytes && self.history.len() > 1)
-        {
-            let old = self.history.pop_front().expect("non-empty");
-            self.history_bytes -= old.frame.len();
+        // The oldest go before the newest is added: it then takes the slot just freed, which
+        // is in the cache, where adding first would write a slot untouched since it was last
+        // used (`max_messages` publishes ago on this topic).
+        let len = stored.frame.len();
+        while let Some(oldest) = self.history.front() {
+            if self.history.len() < rule.max_messages && self.history_bytes + len <= rule.max_bytes
+            {
+                break;
+            }
+            self.history_bytes -= oldest.frame.len();
+            self.history.pop_front();
         }
+        self.history_bytes += len;
+        self.history.push_back(stored);
+        self.oldest_bytes = self
+            .history
+            .front()
+            .map_or(0, |s| s.frame.head.as_ptr() as usize);
     }
 }
 
@@ -139,6 +173,7 @@ impl Topics {
                 last: None,
                 foreign: false,
                 remote_at: 0,
+                oldest_bytes: 0,
             };
             (name.into(), state)
         });
@@ -189,4 +224,74 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
+}
+
+/// A hint to the CPU to load the cache line at `p`. It never faults, whatever `p` is.
+// Hand-written: std has no portable prefetch; on other targets it does nothing.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and never faults, even on an address
+    // that is not mapped.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire;
+    use bytes::Bytes;
+
+    fn record(state: &mut TopicState, rule: &HistoryRule, seq: u64, payload_len: usize) {
+        let frame = wire::encode_binary(Bytes::from(vec![0; payload_len]));
+        state.record(
+            Some(rule),
+            Stored {
+                seq,
+                at_us: seq,
+                frame,
+            },
+        );
+    }
+
+    fn held(state: &TopicState) -> Vec<u64> {
+        state.history.iter().map(|s| s.seq).collect()
+    }
+
+    #[test]
+    fn history_keeps_the_newest_that_fit_and_always_the_last() {
+        let rule = HistoryRule {
+            pattern: ">".into(),
+            max_messages: 3,
+            max_bytes: 100,
+            max_age_secs: 300,
+        };
+        let mut topics = Topics::new(1);
+        let s = topics.entry(&EngineConfig::default(), "t", Numbering::Local);
+        // Frames of 12 bytes (a 2-byte header and 10 of payload): the count binds.
+        for seq in 1..=5 {
+            record(s, &rule, seq, 10);
+        }
+        assert_eq!(held(s), [3, 4, 5]);
+        assert_eq!(s.history_bytes, 36);
+        // 42-byte frames: two fit in 100 bytes, so the oldest go until the new one fits.
+        record(s, &rule, 6, 40);
+        record(s, &rule, 7, 40);
+        assert_eq!(held(s), [5, 6, 7]);
+        record(s, &rule, 8, 40);
+        assert_eq!(held(s), [7, 8]);
+        assert_eq!(s.history_bytes, 84);
+        // A frame larger than the whole budget stays alone: the last message is always kept.
+        record(s, &rule, 9, 200);
+        assert_eq!(held(s), [9]);
+        assert_eq!(s.history_bytes, 204);
+        record(s, &rule, 10, 10);
+        assert_eq!(held(s), [10]);
+        assert_eq!(s.oldest_bytes, s.history[0].frame.head.as_ptr() as usize);
+        assert_eq!(s.last.as_ref().map(|f| f.len()), Some(12));
+    }
 }
