@@ -70,7 +70,8 @@ pub const IDLE_CAPACITY: usize = 8;
 
 /// Per-topic maps, hashed with foldhash as the subscription index is: they are touched on every
 /// `drop` or `conflate` delivery, and std's SipHash of the topic cost more than the rest of it.
-type TopicMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// hashbrown's, for `raw_entry_mut`: found by `&str`, a key cloned only when it is new.
+type TopicMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 pub struct OutboundQueue {
@@ -156,7 +157,13 @@ impl OutboundQueue {
             }
             QueuePolicy::Conflate { min_interval_us } => {
                 let fits = self.fits(frame);
-                let state = self.conflated.entry(d.topic.clone()).or_default();
+                // Found by the name it points to: the topic's `Arc` is cloned only for a new
+                // entry, not counted up and down again on every message.
+                let (_, state) = self
+                    .conflated
+                    .raw_entry_mut()
+                    .from_key::<str>(d.topic)
+                    .or_insert_with(|| (d.topic.clone(), Conflation::default()));
                 let replaced = if let Some(pos) = state.queued {
                     let slot = self.slots[(pos - self.base) as usize]
                         .as_mut()
