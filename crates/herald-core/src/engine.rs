@@ -8,6 +8,7 @@
 use crate::index::SubscriptionIndex;
 use crate::outbox::Delivery;
 use crate::policy::{Credit, Policy, PolicyRule, QueuePolicy};
+use crate::prefetch::prefetch;
 use crate::topic;
 use crate::wire::{
     self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
@@ -26,6 +27,10 @@ pub trait Outbox {
     fn deliver(&self, frame: &Frame, _delivery: &Delivery) {
         self.send(frame)
     }
+
+    /// A message for this connection is coming: start loading what [`Outbox::deliver`] will
+    /// touch (see [`crate::prefetch`]).
+    fn prefetch(&self) {}
 }
 
 impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
@@ -35,6 +40,10 @@ impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
 
     fn deliver(&self, frame: &Frame, delivery: &Delivery) {
         (**self).deliver(frame, delivery)
+    }
+
+    fn prefetch(&self) {
+        (**self).prefetch()
     }
 }
 
@@ -297,6 +306,8 @@ pub struct Engine<O> {
     /// Subscriber count per pattern, kept only once [`Engine::track_interest`] was called.
     interest: Option<HashMap<Box<str>, usize>>,
     interest_changes: Vec<Interest>,
+    /// Scratch for [`Engine::append`]: the connections a message matched.
+    matched: Vec<ConnId>,
 }
 
 impl<O: Outbox> Engine<O> {
@@ -314,6 +325,7 @@ impl<O: Outbox> Engine<O> {
             lossless: 0,
             interest: None,
             interest_changes: Vec::new(),
+            matched: Vec::new(),
         }
     }
 
@@ -685,12 +697,26 @@ impl<O: Outbox> Engine<O> {
         let conns = &mut self.conns;
         let mut deliveries = 0;
         let mut cut = Vec::new();
-        self.index.for_each_match(&p.topic, |id| {
+        // The matches first, then each connection's state asked for, then the deliveries: with
+        // many connections each one's state is out of the cache, and a miss per subscriber,
+        // one after the other, would cost more than the rest of the delivery. Asked for
+        // together, the misses overlap.
+        let mut matched = std::mem::take(&mut self.matched);
+        self.index.for_each_match(&p.topic, |id| matched.push(id));
+        for &id in &matched {
+            prefetch(&conns[id as usize], 1);
+        }
+        for &id in &matched {
+            if let Some(c) = &conns[id as usize] {
+                c.outbox.prefetch();
+            }
+        }
+        for &id in &matched {
             let Some(c) = conns[id as usize].as_mut() else {
-                return;
+                continue;
             };
             if c.seen == generation {
-                return;
+                continue;
             }
             c.seen = generation;
             let chosen = c.policy_for(&p.topic, default);
@@ -699,7 +725,7 @@ impl<O: Outbox> Engine<O> {
                     Some(credit) if credit.covers(p.payload.len()) => credit.spend(p.payload.len()),
                     _ => {
                         cut.push(id);
-                        return;
+                        continue;
                     }
                 }
             }
@@ -711,7 +737,9 @@ impl<O: Outbox> Engine<O> {
             };
             c.outbox.deliver(&frame, &delivery);
             deliveries += 1;
-        });
+        }
+        matched.clear();
+        self.matched = matched;
         for &id in &cut {
             self.detach(id);
         }

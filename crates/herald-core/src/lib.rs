@@ -9,12 +9,14 @@
 //! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 //! - [`policy`]: the slow-consumer policies and their configured defaults.
 //! - [`grant`]: permissions as topic patterns, what a token allows.
+//! - [`prefetch`]: a hint to the CPU to load memory about to be used.
 
 pub mod engine;
 pub mod grant;
 pub mod index;
 pub mod outbox;
 pub mod policy;
+pub mod prefetch;
 pub mod subject;
 pub mod topic;
 pub mod wire;

@@ -14,6 +14,7 @@ use crate::socket::{DirectSocket, SharedWrite};
 use bytes::Buf;
 use herald_core::engine::Outbox;
 use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
+use herald_core::prefetch::prefetch;
 use herald_core::wire::{self, Frame};
 use parking_lot::Mutex;
 use std::io::{self, IoSlice};
@@ -77,6 +78,10 @@ impl Outbox for Connection {
                 .policy(PolicyAction::Conflate, d.rule, delivered.conflated);
         }
         self.after_push(delivered.pushed, d.rule);
+    }
+
+    fn prefetch(&self) {
+        prefetch(self, std::mem::size_of::<Self>());
     }
 }
 

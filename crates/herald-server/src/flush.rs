@@ -12,6 +12,7 @@
 
 use crate::connection::Connection;
 use crate::node::now_us;
+use herald_core::prefetch::prefetch;
 use herald_core::wire::Frame;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -82,13 +83,19 @@ impl Pending {
         let now = now_us();
         // Taken out of the thread's slot for the loop (a thread being torn down has none).
         let mut frames = FRAMES.try_with(|f| f.take()).unwrap_or_default();
-        for (i, conn) in self.conns.drain(..).enumerate() {
+        for i in 0..self.conns.len() {
+            // The next connection's state is asked for while this one's write is under way.
+            if let Some(next) = self.conns.get(i + 1) {
+                prefetch(Arc::as_ptr(next), std::mem::size_of::<Connection>());
+            }
+            let conn = &self.conns[i];
             if i < direct {
                 conn.write_now(&mut frames, now); // leaves it empty
             } else {
                 conn.wake_writer();
             }
         }
+        self.conns.clear();
         frames.shrink_to(FRAMES_KEPT);
         let _ = FRAMES.try_with(|f| f.replace(frames));
         // A session keeps its `Pending` for life: an idle one should not keep a burst's room.

@@ -6,6 +6,7 @@
 //! needs a second lookup to create on a miss without cloning the name on every hit.
 
 use super::{EngineConfig, HistoryRule};
+use crate::prefetch::prefetch;
 use crate::topic;
 use crate::wire::{Frame, MessageHead};
 use std::collections::VecDeque;
@@ -61,11 +62,11 @@ impl TopicState {
     /// waiting for the other; issued when the topic is found, they overlap with encoding.
     pub fn prefetch_oldest(&self) {
         if let Some(oldest) = self.history.front() {
-            prefetch(std::ptr::from_ref(oldest).cast());
-            prefetch(self.oldest_bytes as *const u8);
+            prefetch(oldest, 1);
+            prefetch(self.oldest_bytes as *const u8, 1);
         }
         if let Some(next) = self.history.get(1) {
-            prefetch(std::ptr::from_ref(next).cast());
+            prefetch(next, 1);
         }
     }
 
@@ -224,20 +225,6 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
-}
-
-/// A hint to the CPU to load the cache line at `p`. It never faults, whatever `p` is.
-// Hand-written: std has no portable prefetch; on other targets it does nothing.
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing the program sees and never faults, even on an address
-    // that is not mapped.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]
