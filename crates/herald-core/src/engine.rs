@@ -704,7 +704,7 @@ impl<O: Outbox> Engine<O> {
         let mut matched = std::mem::take(&mut self.matched);
         self.index.for_each_match(&p.topic, |id| matched.push(id));
         for &id in &matched {
-            prefetch(&conns[id as usize], 1);
+            prefetch(&conns[id as usize], size_of::<Option<Conn<O>>>());
         }
         for &id in &matched {
             if let Some(c) = &conns[id as usize] {

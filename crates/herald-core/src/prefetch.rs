@@ -7,15 +7,18 @@
 //!
 //! Hand-written: std has no portable prefetch. On targets other than x86-64 it does nothing.
 
-/// Starts loading the cache lines of the `bytes` bytes at `p`. Never faults, whatever `p` is:
-/// a stale or dangling address is harmless.
+/// The cache line size of the machines herald runs on (x86-64 and most ARM servers).
+const LINE: usize = 64;
+
+/// Starts loading every cache line that the `bytes` bytes at `p` touch. Never faults, whatever
+/// `p` is: a stale or dangling address is harmless.
 #[inline(always)]
 pub fn prefetch<T>(p: *const T, bytes: usize) {
-    let p = p.cast::<u8>();
-    let mut at = 0;
-    while at < bytes {
-        line(p.wrapping_add(at));
-        at += 64;
+    let end = p.addr().wrapping_add(bytes.max(1));
+    let mut at = p.addr() & !(LINE - 1);
+    while at < end {
+        line(std::ptr::without_provenance(at));
+        at += LINE;
     }
 }
 
@@ -29,4 +32,21 @@ fn line(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_address_is_harmless() {
+        // Null, unmapped, dangling and the top of the address space: a hint never faults.
+        for addr in [0, 8, 0xdead_beef, usize::MAX - 100] {
+            prefetch(std::ptr::without_provenance::<u8>(addr), 256);
+        }
+        let freed = Box::into_raw(Box::new([0u8; 100]));
+        // SAFETY: `freed` came from `Box::into_raw` just above and is freed once.
+        drop(unsafe { Box::from_raw(freed) });
+        prefetch(freed, 100);
+    }
 }

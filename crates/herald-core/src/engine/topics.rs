@@ -62,11 +62,11 @@ impl TopicState {
     /// waiting for the other; issued when the topic is found, they overlap with encoding.
     pub fn prefetch_oldest(&self) {
         if let Some(oldest) = self.history.front() {
-            prefetch(oldest, 1);
+            prefetch(oldest, size_of::<Stored>());
             prefetch(self.oldest_bytes as *const u8, 1);
         }
         if let Some(next) = self.history.get(1) {
-            prefetch(next, 1);
+            prefetch(next, size_of::<Stored>());
         }
     }
 
