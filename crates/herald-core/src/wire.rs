@@ -1126,6 +1126,40 @@ mod tests {
     }
 
     #[test]
+    fn publishes_in_the_examples_order_decode_as_serde_decodes_them() {
+        let texts = [
+            r#"{"op":"pub","topic":"a/b","data":"hello"}"#,
+            r#"{"op":"pub","topic":"a/b","stamp":true,"data":"1:2:xx"}"#,
+            r#"{"op":"pub","topic":"","data":""}"#,
+            r#"{"op":"pub","topic":"été/✓","data":"été ✓"}"#,
+            // Each of these leaves the constant parts and is answered by the general scan or
+            // by serde: an escape, a control character, a space, another field, a tail.
+            r#"{"op":"pub","topic":"a"b","data":"x"}"#,
+            r#"{"op":"pub","topic":"a","data":"x
+y"}"#,
+            "{\"op\":\"pub\",\"topic\":\"a\",\"data\":\"x\ty\"}",
+            r#"{"op":"pub","topic":"a","data":"x"} "#,
+            r#"{"op":"pub","topic":"a","data":"x"}}"#,
+            r#"{"op":"pub","topic":"a","data":"x","id":1}"#,
+            r#"{"op":"pub","topic":"a","stamp":false,"data":"x"}"#,
+            r#"{"op":"pub","topic":"a","stamp":true,"data":"x","stamp":true}"#,
+            r#"{"op":"pub","topic":"a","data":"x""#,
+            r#"{"op":"pub","topic":"a"#,
+            r#"{"op":"pub","topic":"a","data":"x"}"#.trim_end_matches('}'),
+        ];
+        for text in texts {
+            assert_eq!(decode_text(text), decode_text_general(text), "{text}");
+        }
+        let Ok(Request::Publish(p)) = decode_text(texts[1]) else {
+            panic!("a publish");
+        };
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..], p.stamp),
+            ("a/b", &b"1:2:xx"[..], true)
+        );
+    }
+
+    #[test]
     fn a_text_frame_publish_shares_the_frame() {
         let frame = Bytes::from_static(br#"{"op":"pub","topic":"a","data":"hello"}"#);
         let text = std::str::from_utf8(&frame).unwrap();

@@ -23,6 +23,9 @@ pub(super) struct PlainPub<'a> {
 
 /// `text` as a plain `pub`, or `None` if it is anything else.
 pub(super) fn scan(text: &str) -> Option<PlainPub<'_>> {
+    if let Some(p) = in_clients_order(text) {
+        return Some(p);
+    }
     let mut s = Scanner { text, at: 0 };
     s.skip_space();
     s.expect(b'{')?;
@@ -60,6 +63,42 @@ pub(super) fn scan(text: &str) -> Option<PlainPub<'_>> {
         data: data?,
         ct,
         stamp: stamp.unwrap_or(false),
+    })
+}
+
+/// What a publish starts with when its fields come in the order below.
+const OP_AND_TOPIC: &[u8] = br#"{"op":"pub","topic":""#;
+
+/// `{"op":"pub","topic":"…",["stamp":true,]"data":"…"}` exactly, the order `herald bench`'s
+/// publishers write (and a natural one to write by hand: the op, the address, the payload
+/// last). Matched by its constant parts, without the general scan's work per field: a
+/// saturated publish costs ~450 instructions less (callgrind). Anything else, a space
+/// included, goes to the general scan.
+fn in_clients_order(text: &str) -> Option<PlainPub<'_>> {
+    let bytes = text.as_bytes();
+    let rest = bytes.strip_prefix(OP_AND_TOPIC)?;
+    let topic_len = super::unescaped_len(rest);
+    let after_topic = rest[topic_len..].strip_prefix(b"\"")?;
+    let (stamp, data) = match after_topic.strip_prefix(br#","data":""#) {
+        Some(data) => (false, data),
+        None => (
+            true,
+            after_topic.strip_prefix(br#","stamp":true,"data":""#)?,
+        ),
+    };
+    let data_len = super::unescaped_len(data);
+    if &data[data_len..] != br#""}"# {
+        return None;
+    }
+    // Both strings are bounded by ASCII quotes, so the offsets are character boundaries.
+    let topic_at = OP_AND_TOPIC.len();
+    let data_at = bytes.len() - 2 - data_len;
+    Some(PlainPub {
+        id: None,
+        topic: &text[topic_at..topic_at + topic_len],
+        data: &text[data_at..data_at + data_len],
+        ct: None,
+        stamp,
     })
 }
 
