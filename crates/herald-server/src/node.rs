@@ -119,6 +119,7 @@ impl Node {
         conn: ConnId,
         request: Request,
         pending: &mut Pending,
+        now_us: u64,
     ) -> Result<Outcome, Request> {
         let mut engine = self.engine.lock();
         let must_wait = match &request {
@@ -130,9 +131,9 @@ impl Node {
             return Err(request);
         }
         if let Request::Publish(p) = &request {
-            return Ok(self.publish_ws(&mut engine, conn, p, pending));
+            return Ok(self.publish_ws(&mut engine, conn, p, pending, now_us));
         }
-        let result = pending.collect(|| engine.handle(conn, request, now_us()));
+        let result = pending.collect(|| engine.handle(conn, request, now_us));
         if let Some(broker) = &self.broker {
             broker.interest(engine.take_interest_changes());
         }
@@ -151,8 +152,9 @@ impl Node {
     ) -> Outcome {
         match (request, &self.broker) {
             (Request::Publish(p), _) => {
+                // Received now, as far as the message's time goes: it waited in herald.
                 let publish = |engine: &mut Engine<_>, pending: &mut Pending| {
-                    self.publish_ws(engine, conn, &p, pending)
+                    self.publish_ws(engine, conn, &p, pending, now_us())
                 };
                 self.when_admitted(&p.topic, p.payload.len(), pending, publish)
                     .await
@@ -161,22 +163,22 @@ impl Node {
                 pending.flush();
                 broker.subscribe(self, conn, s).await
             }
-            (request, _) => match self.handle_now(conn, request, pending) {
+            (request, _) => match self.handle_now(conn, request, pending, now_us()) {
                 Ok(outcome) => outcome,
                 Err(_) => unreachable!("only a publish or a clustered subscribe waits"),
             },
         }
     }
 
-    /// A WebSocket publish, under the engine lock.
+    /// A WebSocket publish received at `now` (µs since the UNIX epoch), under the engine lock.
     fn publish_ws(
         &self,
         engine: &mut Engine<Arc<Connection>>,
         conn: ConnId,
         p: &Publish,
         pending: &mut Pending,
+        now: u64,
     ) -> Outcome {
-        let now = now_us();
         let result = pending.collect(|| engine.publish_from(conn, p, now));
         if let Ok(published) = &result {
             self.hand_to_broker(engine, p, published, now);

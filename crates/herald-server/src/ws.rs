@@ -10,7 +10,7 @@ use crate::flush::Pending;
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::limits::Meter;
 use crate::metrics::{Disconnect, Reason};
-use crate::node::Node;
+use crate::node::{now_us, Node};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -319,6 +319,8 @@ async fn read_requests(
     activity: &Activity,
 ) -> Disconnect {
     let mut now = Instant::now();
+    // The receive time a message carries (`ts`, history's age): when its frame was read.
+    let mut received_us = now_us();
     let mut meter = Meter::new(&node.config.limits, now);
     // What this reader's requests queued for other connections: written once the input read
     // so far is handled (see `flush`), so a burst of publishes leaves in few writes.
@@ -326,10 +328,10 @@ async fn read_requests(
     let mut handled = 0u32;
     // Whether a subscribe came since the input was last drained (see `Engine::trim`).
     let mut subscribed = false;
-    // The clock, for the idle timer and the rate meter, is read after every wait (for input,
-    // for a held publish, on a yield) and not per frame: frames handled between two waits
-    // were read together, at most 64 frames apart. One read per frame was ~3% of taking a
-    // small message in (callgrind).
+    // The clocks, for the idle timer, the rate meter and the messages' receive time, are read
+    // after every wait (for input, for a held publish, on a yield) and not per frame: frames
+    // handled between two waits were read together, at most 64 frames apart. One read of each
+    // per frame was ~3% and ~2% of taking a small message in (callgrind, then perf).
     loop {
         // A publisher whose frames are already buffered never has to wait on its socket, so
         // this loop would keep its worker thread: now and then, write what is pending and
@@ -339,6 +341,7 @@ async fn read_requests(
             pending.flush();
             tokio::task::yield_now().await;
             now = Instant::now();
+            received_us = now_us();
             activity.touch(now);
         }
         let next = {
@@ -355,6 +358,7 @@ async fn read_requests(
                     }
                     let next = read.await;
                     now = Instant::now();
+                    received_us = now_us();
                     activity.touch(now);
                     next
                 }
@@ -410,7 +414,7 @@ async fn read_requests(
             );
             // A publish waits while a lossless subscriber of its topic is out of credit: only this
             // reader is held. Boxed, being rare: see `Node::handle_waiting`.
-            let waiting = match node.handle_now(id, request, &mut pending) {
+            let waiting = match node.handle_now(id, request, &mut pending, received_us) {
                 Ok(outcome) => {
                     node.account(outcome);
                     None
@@ -423,6 +427,7 @@ async fn read_requests(
         if let Some(waiting) = { waiting } {
             node.account(waiting.await);
             now = Instant::now();
+            received_us = now_us();
         }
         if releases {
             node.released.notify_waiters();
