@@ -163,7 +163,7 @@ impl<K: Copy + Eq> SubscriptionIndex<K> {
             crate::topic::validate_topic(topic).is_ok(),
             "invalid topic {topic:?}"
         );
-        walk(&self.root, topic.split('/'), &mut f);
+        walk(&self.root, levels(topic), &mut f);
     }
 
     /// The number of `(pattern, key)` entries.
@@ -179,7 +179,40 @@ impl<K: Copy + Eq> SubscriptionIndex<K> {
 
 /// The lookup. Follows the literal edge in a loop and recurses only into `*` edges, so a topic
 /// without wildcard subscriptions on its path costs no recursion at all.
-fn walk<K: Copy, F: FnMut(K)>(mut node: &Node<K>, mut levels: Split<'_, char>, f: &mut F) {
+/// A topic's levels as bytes, split by comparing bytes: std's `str::split('/')` searches with
+/// `memchr` machinery that costs more than the few bytes of a level (callgrind: ~150
+/// instructions per publish for a two-level topic).
+fn levels(topic: &str) -> Levels<'_> {
+    Levels {
+        rest: Some(topic.as_bytes()),
+    }
+}
+
+#[derive(Clone)]
+struct Levels<'a> {
+    /// What is left to split; `None` once the last level was given.
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> Iterator for Levels<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.rest?;
+        match rest.iter().position(|&b| b == b'/') {
+            Some(at) => {
+                self.rest = Some(&rest[at + 1..]);
+                Some(&rest[..at])
+            }
+            None => {
+                self.rest = None;
+                Some(rest)
+            }
+        }
+    }
+}
+
+fn walk<K: Copy, F: FnMut(K)>(mut node: &Node<K>, mut levels: Levels<'_>, f: &mut F) {
     loop {
         let Some(level) = levels.next() else {
             node.here.iter().for_each(|&k| f(k));
@@ -190,7 +223,7 @@ fn walk<K: Copy, F: FnMut(K)>(mut node: &Node<K>, mut levels: Split<'_, char>, f
         if let Some(star) = &node.star {
             walk(star, levels.clone(), f);
         }
-        match node.literal.get(level.as_bytes()) {
+        match node.literal.get(level) {
             Some(child) => node = child,
             None => return,
         }
