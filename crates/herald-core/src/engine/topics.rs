@@ -51,8 +51,16 @@ impl TopicState {
         self.seq = seq;
         self.foreign = foreign;
         self.history.clear();
-        self.oldest_bytes = 0;
         self.history_bytes = 0;
+        self.note_oldest();
+    }
+
+    /// Notes where the oldest message's bytes are, for [`TopicState::prefetch_oldest`].
+    fn note_oldest(&mut self) {
+        self.oldest_bytes = self
+            .history
+            .front()
+            .map_or(0, |s| s.frame.head.as_ptr().addr());
     }
 
     /// Starts loading what recording the next message will touch and what was last touched
@@ -79,10 +87,7 @@ impl TopicState {
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
-        self.oldest_bytes = self
-            .history
-            .front()
-            .map_or(0, |s| s.frame.head.as_ptr() as usize);
+        self.note_oldest();
     }
 
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
@@ -104,10 +109,7 @@ impl TopicState {
         }
         self.history_bytes += len;
         self.history.push_back(stored);
-        self.oldest_bytes = self
-            .history
-            .front()
-            .map_or(0, |s| s.frame.head.as_ptr() as usize);
+        self.note_oldest();
     }
 }
 
