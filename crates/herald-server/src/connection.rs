@@ -491,15 +491,21 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn partial_writes_deliver_every_byte_in_order() {
-        let frames: Vec<Frame> = (0..3000u32)
+    /// `n` frames of different lengths, each numbered in its head; and all their bytes in order.
+    fn numbered_frames(n: u32, longest_body: u32) -> (Vec<Frame>, Vec<u8>) {
+        let frames: Vec<Frame> = (0..n)
             .map(|i| Frame {
                 head: Bytes::from(i.to_be_bytes().to_vec()),
-                body: Bytes::from(vec![i as u8; (i % 5) as usize]),
+                body: Bytes::from(vec![i as u8; (i % (longest_body + 1)) as usize]),
             })
             .collect();
-        let expected: Vec<u8> = frames.iter().flat_map(|f| f.to_vec()).collect();
+        let bytes = frames.iter().flat_map(|f| f.to_vec()).collect();
+        (frames, bytes)
+    }
+
+    #[tokio::test]
+    async fn partial_writes_deliver_every_byte_in_order() {
+        let (frames, expected) = numbered_frames(3000, 4);
         for step in [1, 3, 7, 1000, usize::MAX] {
             let mut sink = Trickle::new(step);
             let mut queued = frames.clone();
@@ -515,13 +521,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_write_leaves_exactly_the_unsent_bytes() {
-        let frames: Vec<Frame> = (0..2000u32)
-            .map(|i| Frame {
-                head: Bytes::from(i.to_be_bytes().to_vec()),
-                body: Bytes::from(vec![i as u8; (i % 3) as usize]),
-            })
-            .collect();
-        let expected: Vec<u8> = frames.iter().flat_map(|f| f.to_vec()).collect();
+        let (frames, expected) = numbered_frames(2000, 2);
         for limit in [1, 4, 5, 4099, expected.len() - 1] {
             let mut sink = Trickle {
                 limit,
