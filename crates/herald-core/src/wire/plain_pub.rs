@@ -74,7 +74,7 @@ const OP_AND_TOPIC: &[u8] = br#"{"op":"pub","topic":""#;
 /// last). Matched by its constant parts, without the general scan's work per field: a
 /// saturated publish costs ~450 instructions less (callgrind). Anything else, a space
 /// included, goes to the general scan.
-fn in_bench_order(text: &str) -> Option<PlainPub<'_>> {
+pub(super) fn in_bench_order(text: &str) -> Option<PlainPub<'_>> {
     let bytes = text.as_bytes();
     let rest = bytes.strip_prefix(OP_AND_TOPIC)?;
     let topic_len = super::unescaped_len(rest);
