@@ -65,9 +65,11 @@ impl TopicState {
 
     /// Starts loading what recording the next message will touch and what was last touched
     /// `max_messages` publishes of this topic ago, so out of the cache: the oldest entry (read
-    /// to evict it), the one after it (the next oldest, whose bytes are noted) and the oldest's
-    /// bytes, whose reference count the eviction drops. Each is a cache miss otherwise, one
-    /// waiting for the other; issued when the topic is found, they overlap with encoding.
+    /// to evict it), the one after it (the next oldest, whose bytes are noted) and the first
+    /// line of the oldest frame's bytes, which freeing them writes to. (The frame's reference
+    /// count, in a block of `Bytes`' own, cannot be reached from here.) Each is a cache miss
+    /// otherwise, one waiting for the other; issued when the topic is found, they overlap with
+    /// encoding.
     pub fn prefetch_oldest(&self) {
         if let Some(oldest) = self.history.front() {
             prefetch(oldest, size_of::<Stored>());
@@ -280,7 +282,7 @@ mod tests {
         assert_eq!(s.history_bytes, 204);
         record(s, &rule, 10, 10);
         assert_eq!(held(s), [10]);
-        assert_eq!(s.oldest_bytes, s.history[0].frame.head.as_ptr() as usize);
+        assert_eq!(s.oldest_bytes, s.history[0].frame.head.as_ptr().addr());
         assert_eq!(s.last.as_ref().map(|f| f.len()), Some(12));
     }
 }
