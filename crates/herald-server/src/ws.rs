@@ -309,6 +309,24 @@ pub(crate) fn frame_limit(node: &Node) -> usize {
     node.config.max_message_bytes + HEADER_ALLOWANCE
 }
 
+/// When the reader last waited (for input, a held publish, a yield), by both clocks: the
+/// monotonic one for the idle timer and the rate meter, the wall clock for the receive time a
+/// message carries (`ts`, history's age).
+#[derive(Clone, Copy)]
+struct ReadAt {
+    instant: Instant,
+    wall_us: u64,
+}
+
+impl ReadAt {
+    fn now() -> Self {
+        ReadAt {
+            instant: Instant::now(),
+            wall_us: now_us(),
+        }
+    }
+}
+
 /// Reads frames until the client closes or breaks the protocol; returns why it stopped.
 async fn read_requests(
     node: &Node,
@@ -318,20 +336,17 @@ async fn read_requests(
     access: &mut Access,
     activity: &Activity,
 ) -> Disconnect {
-    let mut now = Instant::now();
-    // The receive time a message carries (`ts`, history's age): when its frame was read.
-    let mut received_us = now_us();
-    let mut meter = Meter::new(&node.config.limits, now);
+    let mut now = ReadAt::now();
+    let mut meter = Meter::new(&node.config.limits, now.instant);
     // What this reader's requests queued for other connections: written once the input read
     // so far is handled (see `flush`), so a burst of publishes leaves in few writes.
     let mut pending = Pending::default();
     let mut handled = 0u32;
     // Whether a subscribe came since the input was last drained (see `Engine::trim`).
     let mut subscribed = false;
-    // The clocks, for the idle timer, the rate meter and the messages' receive time, are read
-    // after every wait (for input, for a held publish, on a yield) and not per frame: frames
-    // handled between two waits were read together, at most 64 frames apart. One read of each
-    // per frame was ~3% and ~2% of taking a small message in (callgrind, then perf).
+    // The clocks (`ReadAt`) are read after every wait and not per frame: frames handled
+    // between two waits were read together, at most 64 frames apart. One read of each per
+    // frame was ~3% and ~2% of taking a small message in (callgrind, then perf).
     loop {
         // A publisher whose frames are already buffered never has to wait on its socket, so
         // this loop would keep its worker thread: now and then, write what is pending and
@@ -340,9 +355,8 @@ async fn read_requests(
         if handled.is_multiple_of(64) {
             pending.flush();
             tokio::task::yield_now().await;
-            now = Instant::now();
-            received_us = now_us();
-            activity.touch(now);
+            now = ReadAt::now();
+            activity.touch(now.instant);
         }
         let next = {
             let read = reader.next();
@@ -357,9 +371,8 @@ async fn read_requests(
                         node.engine.lock().trim(id);
                     }
                     let next = read.await;
-                    now = Instant::now();
-                    received_us = now_us();
-                    activity.touch(now);
+                    now = ReadAt::now();
+                    activity.touch(now.instant);
                     next
                 }
             }
@@ -375,7 +388,7 @@ async fn read_requests(
             Inbound::Fragment(length) => *length,
             Inbound::Pong => 0,
         };
-        if let Err(why) = meter.record(length, now) {
+        if let Err(why) = meter.record(length, now.instant) {
             node.count_error("rate_limited");
             let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
             conn.send_control(wire::encode_reply(&Reply::from(error)));
@@ -414,7 +427,7 @@ async fn read_requests(
             );
             // A publish waits while a lossless subscriber of its topic is out of credit: only this
             // reader is held. Boxed, being rare: see `Node::handle_waiting`.
-            let waiting = match node.handle_now(id, request, &mut pending, received_us) {
+            let waiting = match node.handle_now(id, request, &mut pending, now.wall_us) {
                 Ok(outcome) => {
                     node.account(outcome);
                     None
@@ -426,8 +439,7 @@ async fn read_requests(
         // `{ waiting }` moves it whole (a `None` too), which frees `pending` for what follows.
         if let Some(waiting) = { waiting } {
             node.account(waiting.await);
-            now = Instant::now();
-            received_us = now_us();
+            now = ReadAt::now();
         }
         if releases {
             node.released.notify_waiters();
