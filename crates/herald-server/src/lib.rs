@@ -63,7 +63,7 @@ pub struct Server {
 
 impl Server {
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
-        let listener = TcpListener::bind(config.listen).await.with_context(|| {
+        let listener = listener::bind(config.listen).with_context(|| {
             format!(
                 "cannot listen on {}; is another process using it? (change it with --listen)",
                 config.listen

@@ -14,14 +14,34 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
+
+/// Connections the kernel completes and queues for `accept()` (it caps the figure at
+/// `net.core.somaxconn`, 4096 by default since Linux 5.4). `TcpListener::bind` asks for 128:
+/// beyond that the kernel drops a client's SYN and the client retries 1, 3, 7, 15 s later, so
+/// a burst of a thousand clients against a busy herald waited up to 25 s to connect.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a listening socket on `addr` with room for a burst of connections ([`LISTEN_BACKLOG`]).
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restart may bind while old connections sit in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Serves `router` on `listener` until `shutdown` completes; then asks open HTTP connections to
 /// finish (bounded by the shutdown grace).
@@ -174,5 +194,37 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Server};
+    use std::time::Duration;
+    use tokio::net::TcpStream;
+
+    /// A burst of clients larger than tokio's default backlog (128) all connect while nothing
+    /// accepts yet (a herald too busy to call `accept()`): the kernel queues them rather than
+    /// dropping their SYNs, which would cost each one a retry a second or more later.
+    #[tokio::test]
+    async fn a_burst_of_connections_waits_in_the_backlog() {
+        let server = Server::bind(Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+        let addr = server.local_addr();
+        // The kernel caps the backlog at net.core.somaxconn (4096 on current kernels).
+        let cap = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        let burst = cap.min(600);
+        let connects = (0..burst)
+            .map(|_| tokio::time::timeout(Duration::from_millis(900), TcpStream::connect(addr)));
+        let results = futures_util::future::join_all(connects).await;
+        let connected = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+        assert_eq!(connected, burst, "connected before the SYN retry");
     }
 }
