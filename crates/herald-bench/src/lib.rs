@@ -227,6 +227,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let overrides = args.overrides()?;
     let collapse = args.clients.is_some() || args.duration.is_some();
     let steps = scenario.steps(&overrides, collapse)?;
+    let steps_asked = steps.len();
 
     let spawn = args.spawn || args.spawn_bin.is_some();
     let config_file = (spawn && !scenario.server_config.is_empty())
@@ -301,7 +302,11 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if let Some(path) = &config_file {
         let _ = std::fs::remove_file(path);
     }
-    let (steps, summary) = result?;
+    let runner::Ran {
+        results: steps,
+        summary,
+        stopped,
+    } = result?;
 
     let report = RunReport {
         scenario: scenario.name.clone(),
@@ -334,5 +339,13 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         std::fs::write(p, report::svg(&report))
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
-    Ok(())
+    match stopped {
+        // The steps that ran are reported above; the exit status says the sweep is incomplete.
+        Some(e) => Err(e.context(format!(
+            "the sweep stopped at step {} of {}; the steps before it are reported above",
+            report.steps.len() + 1,
+            steps_asked
+        ))),
+        None => Ok(()),
+    }
 }

@@ -65,18 +65,53 @@ impl Ctx {
     }
 }
 
-/// Runs every step of a scenario. Returns the step results and kind-level conclusions.
-pub fn run_all(
+/// What a run gave: the steps that ran, the kind-level conclusions, and why the sweep ended
+/// early if a step could not run.
+pub struct Ran {
+    pub results: Vec<StepResult>,
+    pub summary: serde_json::Map<String, serde_json::Value>,
+    /// The error of the step that could not run (its number is in the summary).
+    pub stopped: Option<anyhow::Error>,
+}
+
+/// Runs every step of a scenario. A step that cannot run (its subscribers not ready in time,
+/// say) ends the sweep: the steps before it stand and are reported, the summary says where and
+/// why it stopped. Without a single completed step, the error is returned.
+pub fn run_all(ctx: &mut Ctx, kind: Kind, steps: &[Step]) -> Result<Ran> {
+    let mut results = vec![];
+    let mut summary = serde_json::Map::new();
+    let outcome = run_steps(ctx, kind, steps, &mut results, &mut summary);
+    let stopped = match outcome {
+        Ok(()) => None,
+        Err(e) if results.is_empty() => return Err(e),
+        Err(e) => {
+            let at = results.len() + 1;
+            ctx.progress
+                .line(&format!("step {at}/{} could not run: {e:#}", steps.len()));
+            summary.insert("stopped_at_step".into(), json!(at));
+            summary.insert("stopped_because".into(), json!(format!("{e:#}")));
+            Some(e)
+        }
+    };
+    Ok(Ran {
+        results,
+        summary,
+        stopped,
+    })
+}
+
+fn run_steps(
     ctx: &mut Ctx,
     kind: Kind,
     steps: &[Step],
-) -> Result<(Vec<StepResult>, serde_json::Map<String, serde_json::Value>)> {
-    let mut results = vec![];
-    let mut summary = serde_json::Map::new();
+    results: &mut Vec<StepResult>,
+    summary: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let label = |i: usize| format!("step {}/{}", i + 1, steps.len());
     match kind {
         Kind::Fanout => {
             for (i, s) in steps.iter().enumerate() {
-                let r = fanout_step(ctx, &s.params, &format!("step {}/{}", i + 1, steps.len()))?;
+                let r = fanout_step(ctx, &s.params, &label(i))?;
                 results.push(finish(ctx, s, r));
             }
         }
@@ -84,7 +119,7 @@ pub fn run_all(
             let mut baseline: Option<f64> = None;
             let mut held: Option<f64> = None;
             for (i, s) in steps.iter().enumerate() {
-                let r = fanout_step(ctx, &s.params, &format!("step {}/{}", i + 1, steps.len()))?;
+                let r = fanout_step(ctx, &s.params, &label(i))?;
                 let mean = r.latency_us.mean;
                 let achieved = r
                     .extra
@@ -119,31 +154,32 @@ pub fn run_all(
         }
         Kind::ProxyLatency => {
             for (i, s) in steps.iter().enumerate() {
-                let r = proxy_step(ctx, &s.params, &format!("step {}/{}", i + 1, steps.len()))?;
+                let r = proxy_step(ctx, &s.params, &label(i))?;
                 results.push(finish(ctx, s, r));
             }
         }
         Kind::StockExchange => {
-            let rs = stock_ramp(ctx, steps)?;
+            let mut rs = vec![];
+            let ramp = stock_ramp(ctx, steps, &mut rs);
             for (s, r) in steps.iter().zip(rs) {
                 results.push(finish(ctx, s, r));
             }
+            ramp?;
         }
         Kind::Images => {
             for (i, s) in steps.iter().enumerate() {
-                let r = images_step(ctx, &s.params, &format!("step {}/{}", i + 1, steps.len()))?;
+                let r = images_step(ctx, &s.params, &label(i))?;
                 results.push(finish(ctx, s, r));
             }
         }
         Kind::Conflation => {
             for (i, s) in steps.iter().enumerate() {
-                let label = format!("step {}/{}", i + 1, steps.len());
-                let r = conflation_step(ctx, &s.params, &label)?;
+                let r = conflation_step(ctx, &s.params, &label(i))?;
                 results.push(finish(ctx, s, r));
             }
         }
     }
-    Ok((results, summary))
+    Ok(())
 }
 
 fn finish(ctx: &Ctx, step: &Step, mut r: StepResult) -> StepResult {
@@ -224,37 +260,32 @@ fn split(total: u64, parts: u64) -> Vec<(u64, u64)> {
 }
 
 /// Waits until `target` clients are subscribed (or failed).
-fn wait_ready(ctx: &mut Ctx, groups: &[Group], target: u64, rate: f64, label: &str) -> Result<()> {
-    let timeout = Duration::from_secs_f64(target as f64 / rate + 30.0);
+fn wait_ready(ctx: &mut Ctx, groups: &[Group], target: u64, p: &Params, label: &str) -> Result<()> {
+    let timeout = Duration::from_secs_f64(target as f64 / p.connect_rate + p.ready_timeout);
     let t0 = Instant::now();
     loop {
         ctx.check_stop()?;
         let p = group::progress(groups);
         if p.ready + p.failed + p.closed >= target {
             if p.ready == 0 && target > 0 {
-                let mut errs = vec![];
-                for g in groups {
-                    if let Ok(s) = g.collect() {
-                        errs.extend(s.errors);
-                    }
-                }
                 bail!(
-                    "no subscriber could connect and subscribe to {} ({} failed, {} closed); first errors: {}",
+                    "no subscriber could connect and subscribe to {} ({} failed, {} closed){}",
                     ctx.url,
                     p.failed,
                     p.closed,
-                    errs.join("; ")
+                    first_errors(groups)
                 );
             }
             return Ok(());
         }
         if t0.elapsed() > timeout {
             bail!(
-                "only {} of {target} subscribers were ready after {:.0}s ({} connected, {} failed)",
+                "only {} of {target} subscribers were ready after {:.0}s ({} connected, {} failed){}",
                 p.ready,
                 timeout.as_secs_f64(),
                 p.connected,
-                p.failed
+                p.failed,
+                first_errors(groups)
             );
         }
         ctx.progress.set(format!(
@@ -262,6 +293,20 @@ fn wait_ready(ctx: &mut Ctx, groups: &[Group], target: u64, rate: f64, label: &s
             p.connected, p.ready, p.failed
         ));
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The errors the groups saw so far, for a message: "; first errors: …", or nothing.
+fn first_errors(groups: &[Group]) -> String {
+    let errs: Vec<String> = groups
+        .iter()
+        .filter_map(|g| g.collect().ok())
+        .flat_map(|s| s.errors)
+        .collect();
+    if errs.is_empty() {
+        String::new()
+    } else {
+        format!("; first errors: {}", errs.join("; "))
     }
 }
 
@@ -357,7 +402,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     for (g, (a, b)) in groups.iter().zip(&ranges) {
         g.add(*a, *b)?;
     }
-    wait_ready(ctx, &groups, p.clients, p.connect_rate, label)?;
+    wait_ready(ctx, &groups, p.clients, p, label)?;
 
     let t = p.topic_count();
     let topics = topic_names(&p.topic_prefix, t, p);
@@ -520,7 +565,7 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     for (g, (a, b)) in groups.iter().zip(&ranges) {
         g.add(*a, *b)?;
     }
-    wait_ready(ctx, &groups, p.clients, p.connect_rate, label)?;
+    wait_ready(ctx, &groups, p.clients, &p, label)?;
     for g in &groups {
         g.set_window(0, u64::MAX)?;
     }
@@ -643,9 +688,9 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
 }
 
 /// Seed 004: clients added step by step; traders publish orders on their share.
-fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
+fn stock_ramp(ctx: &mut Ctx, steps: &[Step], out: &mut Vec<StepResult>) -> Result<()> {
     let Some(first) = steps.first() else {
-        return Ok(vec![]);
+        return Ok(());
     };
     let p0 = &first.params;
     let max_clients = steps.iter().map(|s| s.params.clients).max().unwrap_or(0);
@@ -668,8 +713,27 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
     pmax.clients = max_clients;
     // Groups sized for the largest step; clients are added to them step by step.
     let (groups, _) = start_groups(&spec, &pmax, max_clients)?;
+    let ramp = stock_steps(ctx, steps, &groups, &trader, out);
+    // Final integrity (loss counted at the end) goes to the last step that ran.
+    let fin = shutdown_all(groups)?;
+    if let Some(last) = out.last_mut() {
+        last.lost = fin.counts.lost;
+        last.duplicates = fin.counts.duplicates;
+        last.out_of_order = fin.counts.out_of_order;
+        last.discard_notices = fin.counts.discard_notices;
+    }
+    ramp
+}
+
+/// The steps of [`stock_ramp`] on its groups: clients added, then warm-up and measurement.
+fn stock_steps(
+    ctx: &mut Ctx,
+    steps: &[Step],
+    groups: &[Group],
+    trader: &TraderSpec,
+    out: &mut Vec<StepResult>,
+) -> Result<()> {
     let mut have = 0u64;
-    let mut out = vec![];
     for (si, step) in steps.iter().enumerate() {
         let p = &step.params;
         let label = format!("step {}/{}", si + 1, steps.len());
@@ -685,30 +749,30 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
             }
             have = p.clients;
         }
-        wait_ready(ctx, &groups, have, p.connect_rate, &label)?;
+        wait_ready(ctx, groups, have, p, &label)?;
         let traders = (0..have).filter(|&c| trader.is_trader(c)).count() as u64;
-        for g in &groups {
+        for g in groups {
             g.set_window(0, u64::MAX)?;
         }
         // Warm-up, then the measured stage, logging every `report_every` seconds like the seed.
         std::thread::sleep(Duration::from_secs_f64(p.warmup));
         ctx.check_stop()?;
-        let _ = collect_all(&groups)?;
+        let _ = collect_all(groups)?;
         let cpu = CpuMeter::start_with(ctx.server_pid);
         let mut total = Snapshot::empty();
         let t0 = Instant::now();
-        let mut last = (Instant::now(), group::progress(&groups).orders);
+        let mut last = (Instant::now(), group::progress(groups).orders);
         let end = t0 + Duration::from_secs_f64(p.duration);
         while Instant::now() < end {
             let next = (Instant::now() + Duration::from_secs_f64(p.report_every)).min(end);
-            ctx.wait_until(next, &groups, &|pr, rate| {
+            ctx.wait_until(next, groups, &|pr, rate| {
                 format!(
                     "{label}: clients {have}: orders {}, receiving {rate:.0}/s",
                     pr.orders
                 )
             })?;
-            let snap = collect_all(&groups)?;
-            let orders = group::progress(&groups).orders;
+            let snap = collect_all(groups)?;
+            let orders = group::progress(groups).orders;
             let dt = last.0.elapsed().as_secs_f64();
             let tx = (orders - last.1) as f64 / dt.max(1e-9);
             last = (Instant::now(), orders);
@@ -727,8 +791,8 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
         }
         let (my_cpu, wall) = cpu.read();
         let worker_cpu = total.cpu_s;
-        let closed = group::progress(&groups).closed;
-        let failed = group::progress(&groups).failed;
+        let closed = group::progress(groups).closed;
+        let failed = group::progress(groups).failed;
         // Integrity so far: counts are cumulative, the latest snapshot holds them.
         let mut r = base_result(ctx, p, &total, wall, my_cpu + worker_cpu);
         r.server_cpu_cores = cpu.server_cores();
@@ -748,15 +812,7 @@ fn stock_ramp(ctx: &mut Ctx, steps: &[Step]) -> Result<Vec<StepResult>> {
         );
         out.push(r);
     }
-    // Final integrity (loss counted at the end) goes to the last step.
-    let fin = shutdown_all(groups)?;
-    if let Some(last) = out.last_mut() {
-        last.lost = fin.counts.lost;
-        last.duplicates = fin.counts.duplicates;
-        last.out_of_order = fin.counts.out_of_order;
-        last.discard_notices = fin.counts.discard_notices;
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Seed 001: images back to back, each once every subscriber has the previous one.
@@ -780,7 +836,7 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     for (g, (a, b)) in groups.iter().zip(&ranges) {
         g.add(*a, *b)?;
     }
-    wait_ready(ctx, &groups, p.clients, p.connect_rate, label)?;
+    wait_ready(ctx, &groups, p.clients, &p, label)?;
     for g in &groups {
         g.set_window(0, u64::MAX)?;
     }

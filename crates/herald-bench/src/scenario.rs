@@ -92,6 +92,9 @@ pub struct Params {
     pub duration: f64,
     /// New connections per second while connecting.
     pub connect_rate: f64,
+    /// Seconds, beyond the time `connect_rate` takes, to wait for every subscriber to be
+    /// subscribed; then the step cannot run and the sweep stops there.
+    pub ready_timeout: f64,
     /// Longest wait, seconds, for in-flight messages after publishers stop.
     pub drain: f64,
     /// Filtering: extra msg/s on topics nobody subscribes to.
@@ -153,6 +156,7 @@ impl Default for Params {
             warmup: 2.0,
             duration: 10.0,
             connect_rate: 2000.0,
+            ready_timeout: 30.0,
             drain: 3.0,
             discard_rate: 0.0,
             discard_topics: 100_000,
@@ -235,6 +239,9 @@ impl Params {
         }
         if self.connect_rate <= 0.0 {
             bail!("connect_rate must be > 0 connections/s");
+        }
+        if self.ready_timeout.is_nan() || self.ready_timeout < 0.0 {
+            bail!("ready_timeout must be ≥ 0 seconds");
         }
         if self.publishers == 0 {
             bail!("publishers must be at least 1");

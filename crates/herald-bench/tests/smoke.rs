@@ -265,3 +265,60 @@ fn vbds_images() {
     assert!(e["images_per_s"].as_f64().unwrap() > 0.0);
     assert!(e["mb_per_s"].as_f64().unwrap() > 0.0);
 }
+
+/// A step that cannot run (here each subscriber asks for more subscriptions than herald allows,
+/// so none is ever ready) ends the sweep: the steps before it are reported, the summary says
+/// where and why, and the exit status says the sweep is incomplete.
+#[test]
+fn a_step_that_cannot_run_stops_the_sweep() {
+    let Some(bin) = herald_bin() else {
+        eprintln!("skipped: set HERALD_BIN to a built herald to run the bench smoke test");
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = Command::new(bench_bin(&bin))
+        .arg("bench")
+        .arg(scenario("solace-3.1.1-high"))
+        .arg("--spawn-bin")
+        .arg(&bin)
+        .args(["--quiet", "--json"])
+        .arg(&json)
+        .args([
+            "--set",
+            "duration=1",
+            "--set",
+            "warmup=0.5",
+            "--set",
+            "clients=2",
+        ])
+        .args([
+            "--set",
+            "topics=2000",
+            "--set",
+            "rate=2000",
+            "--set",
+            "ready_timeout=1",
+        ])
+        .args(["--sweep", "subs_per_client=10,1001"])
+        .output()
+        .expect("run herald bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an incomplete sweep must fail");
+    assert!(
+        stderr.contains("the sweep stopped at step 2 of 2")
+            && stderr.contains("too_many_subscriptions"),
+        "stderr says where and why:\n{stderr}"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "the step that ran is reported");
+    assert_eq!(steps[0]["subs_per_client"], 10);
+    assert!(steps[0]["egress_achieved"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["summary"]["stopped_at_step"], 2);
+    let why = v["summary"]["stopped_because"].as_str().unwrap();
+    assert!(why.contains("only 0 of 2 subscribers were ready"), "{why}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("- stopped_at_step: 2"), "{stdout}");
+}
