@@ -28,13 +28,25 @@ thread_local! {
 /// The most frames a thread's [`FRAMES`] keeps room for after a flush.
 const FRAMES_KEPT: usize = 1024;
 
-/// How many connections may wait before [`Pending::flush_if_full`] writes them.
-const FLUSH_AT: usize = 32;
+/// How many deliveries (or connections) may wait before [`Pending::flush_if_full`] writes
+/// them: about 0.3 ms of engine work (0.2–0.5 µs each), held back from the first connection.
+/// Each write costs several µs (on loopback the kernel charges the receiver's TCP work to the
+/// writer), so when a backlog of publishes reaches the same subscribers again and again (a
+/// share's price to its 40 subscribers, 25 orders in a row) they take them in one write each
+/// rather than 25. The seed 004 load at 200 clients, herald behind: a flush at every publish
+/// (32 connections then) gave the bench 150,000–180,000 messages/s (bench/RESULTS.md).
+const FLUSH_AFTER: usize = 1024;
+
+/// With several worker threads, how many connections a flush writes itself; the rest go to
+/// their writer tasks, which idle workers steal.
+const DIRECT_AT_MOST: usize = 32;
 
 /// Connections with frames to write once the current batch of work is done.
 #[derive(Default)]
 pub struct Pending {
     conns: Vec<Arc<Connection>>,
+    /// Deliveries made since the last flush (see [`Pending::delivered`]).
+    deliveries: usize,
     /// Where the next flush starts in its list, so that no subscriber of a topic is always
     /// written last (the seed 003 router randomised its fan-out order for the same reason).
     turn: usize,
@@ -54,26 +66,31 @@ impl Pending {
         work()
     }
 
-    /// Flushes once enough connections wait. Each costs a system call of several µs (on
-    /// loopback the kernel charges the receiver's TCP work to the writer), so a long list would
-    /// hold its first connection's frames back for milliseconds; a short one still lets a
-    /// connection that gets several messages in a burst take them in one write.
+    /// Counts `n` deliveries made under [`Pending::collect`] toward [`FLUSH_AFTER`].
+    pub fn delivered(&mut self, n: usize) {
+        self.deliveries += n;
+    }
+
+    /// Flushes once [`FLUSH_AFTER`] deliveries or connections wait. Idle, a reader flushes
+    /// after every message anyway (its input is drained); this bounds how long a backlog holds
+    /// the first connection's frames back while letting repeat receivers take them together.
     pub fn flush_if_full(&mut self) {
-        if self.conns.len() >= FLUSH_AT {
+        if self.deliveries.max(self.conns.len()) >= FLUSH_AFTER {
             self.flush();
         }
     }
 
     /// Writes every noted connection's queue now, as far as its socket takes it. A long list
     /// on a runtime with several worker threads is shared out instead: past the first
-    /// [`FLUSH_AT`], connections are handed to their writer tasks, which idle workers steal, so
-    /// one publisher's large fan-out does not keep all its writes on one core.
+    /// [`DIRECT_AT_MOST`], connections are handed to their writer tasks, which idle workers
+    /// steal, so one publisher's large fan-out does not keep all its writes on one core.
     pub fn flush(&mut self) {
+        self.deliveries = 0;
         if self.conns.is_empty() {
             return;
         }
-        let direct = if self.conns.len() > FLUSH_AT && several_workers() {
-            FLUSH_AT
+        let direct = if self.conns.len() > DIRECT_AT_MOST && several_workers() {
+            DIRECT_AT_MOST
         } else {
             usize::MAX
         };
@@ -99,8 +116,8 @@ impl Pending {
         frames.shrink_to(FRAMES_KEPT);
         let _ = FRAMES.try_with(|f| f.replace(frames));
         // A session keeps its `Pending` for life: an idle one should not keep a burst's room.
-        if self.conns.capacity() > 4 * FLUSH_AT {
-            self.conns.shrink_to(FLUSH_AT);
+        if self.conns.capacity() > 4 * DIRECT_AT_MOST {
+            self.conns.shrink_to(DIRECT_AT_MOST);
         }
     }
 }
@@ -186,8 +203,58 @@ mod tests {
         (0..conns.len()).filter(|&i| !got[i]).collect()
     }
 
-    /// With several workers, a flush of more than [`FLUSH_AT`] connections writes the first
-    /// `FLUSH_AT` in its order itself and hands the rest to their writer tasks (none runs
+    /// What a backlog of publishes gives the same subscribers waits until [`FLUSH_AFTER`]
+    /// deliveries are held, then leaves: every subscriber gets all of it.
+    #[tokio::test]
+    async fn a_backlog_is_held_until_the_budget_then_written_whole() {
+        let frame = Frame {
+            head: Bytes::from_static(b"\x81\x02"),
+            body: Bytes::from_static(b"hi"),
+        };
+        let conns = connections(40);
+        let mut pending = Pending::default();
+        let publish = |pending: &mut Pending| {
+            pending.collect(|| {
+                for (conn, _) in &conns {
+                    conn.send(&frame);
+                }
+            });
+            pending.delivered(conns.len());
+            pending.flush_if_full();
+        };
+        let held = (FLUSH_AFTER - 1) / conns.len();
+        for _ in 0..held {
+            publish(&mut pending);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        for (i, (_, peer)) in conns.iter().enumerate() {
+            let read = (&mut &*peer).read(&mut [0u8; 64]);
+            assert!(
+                matches!(&read, Err(e) if e.kind() == ErrorKind::WouldBlock),
+                "peer {i} received {read:?} while {} deliveries were held",
+                held * conns.len()
+            );
+        }
+        publish(&mut pending);
+        let whole = (held + 1) * 4;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (i, (_, peer)) in conns.iter().enumerate() {
+            let mut got = 0;
+            while got < whole && Instant::now() < deadline {
+                match (&mut &*peer).read(&mut [0u8; 4096]) {
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(e) => panic!("peer {i}: {e}"),
+                }
+            }
+            assert_eq!(got, whole, "peer {i} got every held frame");
+        }
+    }
+
+    /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the
+    /// first `DIRECT_AT_MOST` in its order itself and hands the rest to their writer tasks (none runs
     /// here, so those peers receive nothing). Which connection that is must change from flush
     /// to flush: a fixed order would always leave the same subscriber of a topic for last.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,14 +267,14 @@ mod tests {
         let mut last = vec![];
         for _ in 0..3 {
             // The same fan-out every time: connections queued in the same order.
-            let conns = connections(FLUSH_AT + 1);
+            let conns = connections(DIRECT_AT_MOST + 1);
             pending.collect(|| {
                 for (conn, _) in &conns {
                     conn.send(&frame);
                 }
             });
             pending.flush();
-            let left = unwritten(&conns, FLUSH_AT);
+            let left = unwritten(&conns, DIRECT_AT_MOST);
             assert_eq!(
                 left.len(),
                 1,
