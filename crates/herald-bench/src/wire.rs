@@ -9,7 +9,16 @@
 //! * text: `"<send µs since UNIX epoch>:<publisher counter>:<padding to B bytes>"`;
 //! * binary: 8 bytes send µs (big-endian), 8 bytes counter, then padding to B bytes.
 
-use memchr::memmem;
+use memchr::memmem::Finder;
+use std::sync::LazyLock;
+
+/// The keys a delivery is read by, each searched with a finder built once: `memmem::find`
+/// builds one per call, which was 5% of the bench's core receiving 180,000 messages/s.
+static OP_MSG: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"op\":\"msg\""));
+static SEQ: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"seq\":"));
+static TOPIC: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"topic\":\""));
+static DATA: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"data\":\""));
+static TS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"ts\":"));
 
 /// Wall-clock microseconds since the UNIX epoch: comparable with herald's `ts` on one host.
 pub fn now_us() -> u64 {
@@ -101,8 +110,8 @@ pub enum Incoming<'a> {
     Other,
 }
 
-fn find_u64(s: &[u8], key: &[u8]) -> Option<u64> {
-    let i = memmem::find(s, key)? + key.len();
+fn find_u64(s: &[u8], key: &Finder) -> Option<u64> {
+    let i = key.find(s)? + key.needle().len();
     parse_u64(&s[i..])
 }
 
@@ -122,8 +131,8 @@ fn parse_u64(s: &[u8]) -> Option<u64> {
 
 /// The raw bytes of a string field (up to the next quote; our topics and payloads carry no
 /// escapes, and a value with a backslash is left to the slow path).
-fn find_str<'a>(s: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
-    let i = memmem::find(s, key)? + key.len();
+fn find_str<'a>(s: &'a [u8], key: &Finder) -> Option<&'a [u8]> {
+    let i = key.find(s)? + key.needle().len();
     let rest = &s[i..];
     let end = memchr::memchr(b'"', rest)?;
     let v = &rest[..end];
@@ -132,16 +141,14 @@ fn find_str<'a>(s: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
 
 /// Reads a text frame.
 pub fn parse_text(s: &[u8]) -> Incoming<'_> {
-    if memmem::find(s, b"\"op\":\"msg\"").is_some() {
-        if let (Some(seq), Some(topic), Some(data)) = (
-            find_u64(s, b"\"seq\":"),
-            find_str(s, b"\"topic\":\""),
-            find_str(s, b"\"data\":\""),
-        ) {
+    if OP_MSG.find(s).is_some() {
+        if let (Some(seq), Some(topic), Some(data)) =
+            (find_u64(s, &SEQ), find_str(s, &TOPIC), find_str(s, &DATA))
+        {
             return Incoming::Msg(Delivery {
                 topic,
                 seq,
-                ts: find_u64(s, b"\"ts\":"),
+                ts: find_u64(s, &TS),
                 send_us: text_send_us(data),
                 len: data.len(),
             });
@@ -184,13 +191,10 @@ pub fn parse_binary(b: &[u8]) -> Incoming<'_> {
         return Incoming::Other;
     };
     let payload = &b[4 + hl..];
-    if memmem::find(header, b"\"op\":\"msg\"").is_none() {
+    if OP_MSG.find(header).is_none() {
         return slow_path(header);
     }
-    let (Some(seq), Some(topic)) = (
-        find_u64(header, b"\"seq\":"),
-        find_str(header, b"\"topic\":\""),
-    ) else {
+    let (Some(seq), Some(topic)) = (find_u64(header, &SEQ), find_str(header, &TOPIC)) else {
         return Incoming::Other;
     };
     let send_us =
@@ -198,7 +202,7 @@ pub fn parse_binary(b: &[u8]) -> Incoming<'_> {
     Incoming::Msg(Delivery {
         topic,
         seq,
-        ts: find_u64(header, b"\"ts\":"),
+        ts: find_u64(header, &TS),
         send_us,
         len: payload.len(),
     })
