@@ -29,13 +29,19 @@ thread_local! {
 const FRAMES_KEPT: usize = 1024;
 
 /// How many deliveries (or connections) may wait before [`Pending::flush_if_full`] writes
-/// them: about 0.3 ms of engine work (0.2–0.5 µs each), held back from the first connection.
-/// Each write costs several µs (on loopback the kernel charges the receiver's TCP work to the
-/// writer), so when a backlog of publishes reaches the same subscribers again and again (a
-/// share's price to its 40 subscribers, 25 orders in a row) they take them in one write each
-/// rather than 25. The seed 004 load at 200 clients, herald behind: a flush at every publish
-/// (32 connections then) gave the bench 150,000–180,000 messages/s (bench/RESULTS.md).
+/// them, at first: about 0.3 ms of engine work (0.2–0.5 µs each), held back from the first
+/// connection. Each write costs several µs (on loopback the kernel charges the receiver's TCP
+/// work to the writer), so when a backlog of publishes reaches the same subscribers again and
+/// again (a share's price to its 40 subscribers, 25 orders in a row) they take them in one
+/// write each rather than 25. The seed 004 load at 200 clients, herald behind: a flush at every
+/// publish (32 connections then) gave the bench 150,000–180,000 messages/s (bench/RESULTS.md).
 const FLUSH_AFTER: usize = 1024;
+
+/// How many times the hold may double while the input stays behind: up to 32,768 deliveries
+/// (about 10 ms of engine work). A subscriber of 4,000 receiving 100 messages/s each gets one
+/// of a publish's five deliveries in 800: a hold of 1,024 gives it nothing to share a write
+/// with, one of 32,768 five messages or so. Only a reader that is already behind gets there.
+const MAX_DOUBLINGS: u32 = 5;
 
 /// With several worker threads, how many connections a flush writes itself; the rest go to
 /// their writer tasks, which idle workers steal.
@@ -47,6 +53,9 @@ pub struct Pending {
     conns: Vec<Arc<Connection>>,
     /// Deliveries made since the last flush (see [`Pending::delivered`]).
     deliveries: usize,
+    /// The hold is `FLUSH_AFTER << doublings`: one more each time it fills before the input
+    /// is drained, none once it is (see [`Pending::drained`]).
+    doublings: u32,
     /// Where the next flush starts in its list, so that no subscriber of a topic is always
     /// written last (the seed 003 router randomised its fan-out order for the same reason).
     turn: usize,
@@ -66,18 +75,28 @@ impl Pending {
         work()
     }
 
-    /// Counts `n` deliveries made under [`Pending::collect`] toward [`FLUSH_AFTER`].
+    /// Counts `n` deliveries made under [`Pending::collect`] toward the hold.
     pub fn delivered(&mut self, n: usize) {
         self.deliveries += n;
     }
 
-    /// Flushes once [`FLUSH_AFTER`] deliveries or connections wait. Idle, a reader flushes
-    /// after every message anyway (its input is drained); this bounds how long a backlog holds
-    /// the first connection's frames back while letting repeat receivers take them together.
+    /// Flushes once the hold is full: [`FLUSH_AFTER`] deliveries or connections, doubled each
+    /// time it fills again before the input is drained ([`MAX_DOUBLINGS`] at most). Idle, a
+    /// reader flushes after every message anyway (its input is drained); behind, the longer it
+    /// stays behind, the more of what its subscribers receive leaves in one write each, and
+    /// the fewer writes it spends per delivery to catch up.
     pub fn flush_if_full(&mut self) {
-        if self.deliveries.max(self.conns.len()) >= FLUSH_AFTER {
+        if self.deliveries.max(self.conns.len()) >= FLUSH_AFTER << self.doublings {
             self.flush();
+            self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
         }
+    }
+
+    /// The input is drained (the next read would wait): writes what is held and goes back to
+    /// the shortest hold.
+    pub fn drained(&mut self) {
+        self.flush();
+        self.doublings = 0;
     }
 
     /// Writes every noted connection's queue now, as far as its socket takes it. A long list
@@ -203,44 +222,25 @@ mod tests {
         (0..conns.len()).filter(|&i| !got[i]).collect()
     }
 
-    /// What a backlog of publishes gives the same subscribers waits until [`FLUSH_AFTER`]
-    /// deliveries are held, then leaves: every subscriber gets all of it.
-    #[tokio::test]
-    async fn a_backlog_is_held_until_the_budget_then_written_whole() {
-        let frame = Frame {
-            head: Bytes::from_static(b"\x81\x02"),
-            body: Bytes::from_static(b"hi"),
-        };
-        let conns = connections(40);
-        let mut pending = Pending::default();
-        let publish = |pending: &mut Pending| {
-            pending.collect(|| {
-                for (conn, _) in &conns {
-                    conn.send(&frame);
-                }
-            });
-            pending.delivered(conns.len());
-            pending.flush_if_full();
-        };
-        let held = (FLUSH_AFTER - 1) / conns.len();
-        for _ in 0..held {
-            publish(&mut pending);
-        }
+    /// Nothing has reached any peer (the flush's writes are synchronous: had there been one,
+    /// its bytes would be there after the pause).
+    fn nothing_arrived(conns: &[(Arc<Connection>, TcpStream)], held: usize) {
         std::thread::sleep(Duration::from_millis(50));
         for (i, (_, peer)) in conns.iter().enumerate() {
             let read = (&mut &*peer).read(&mut [0u8; 64]);
             assert!(
                 matches!(&read, Err(e) if e.kind() == ErrorKind::WouldBlock),
-                "peer {i} received {read:?} while {} deliveries were held",
-                held * conns.len()
+                "peer {i} received {read:?} while {held} deliveries were held"
             );
         }
-        publish(&mut pending);
-        let whole = (held + 1) * 4;
+    }
+
+    /// Every peer receives exactly `bytes` more.
+    fn each_receives(conns: &[(Arc<Connection>, TcpStream)], bytes: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
         for (i, (_, peer)) in conns.iter().enumerate() {
             let mut got = 0;
-            while got < whole && Instant::now() < deadline {
+            while got < bytes && Instant::now() < deadline {
                 match (&mut &*peer).read(&mut [0u8; 4096]) {
                     Ok(n) => got += n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -249,8 +249,47 @@ mod tests {
                     Err(e) => panic!("peer {i}: {e}"),
                 }
             }
-            assert_eq!(got, whole, "peer {i} got every held frame");
+            assert_eq!(got, bytes, "peer {i} got every held frame");
         }
+    }
+
+    /// What a backlog of publishes gives the same subscribers waits until [`FLUSH_AFTER`]
+    /// deliveries are held, then leaves whole. While the input stays behind the next hold is
+    /// twice as long; once it is drained, the shortest again.
+    #[tokio::test]
+    async fn a_backlog_is_held_longer_while_the_input_stays_behind() {
+        let frame = Frame {
+            head: Bytes::from_static(b"\x81\x02"),
+            body: Bytes::from_static(b"hi"),
+        };
+        let conns = connections(40);
+        let n = conns.len();
+        let mut pending = Pending::default();
+        let publish = |pending: &mut Pending, times: usize| {
+            for _ in 0..times {
+                pending.collect(|| {
+                    for (conn, _) in &conns {
+                        conn.send(&frame);
+                    }
+                });
+                pending.delivered(n);
+                pending.flush_if_full();
+            }
+        };
+        // The first hold: one publish short of FLUSH_AFTER, then over it.
+        let first = FLUSH_AFTER.div_ceil(n);
+        publish(&mut pending, first - 1);
+        nothing_arrived(&conns, (first - 1) * n);
+        publish(&mut pending, 1);
+        each_receives(&conns, first * 4);
+        // Still behind: as many again stay held, the hold being twice as long now.
+        publish(&mut pending, first);
+        nothing_arrived(&conns, first * n);
+        pending.drained();
+        each_receives(&conns, first * 4);
+        // Drained: back to the first hold.
+        publish(&mut pending, first);
+        each_receives(&conns, first * 4);
     }
 
     /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the

@@ -349,11 +349,11 @@ async fn read_requests(
     // frame was ~3% and ~2% of taking a small message in (callgrind, then perf).
     loop {
         // A publisher whose frames are already buffered never has to wait on its socket, so
-        // this loop would keep its worker thread: now and then, write what is pending and
-        // yield, so that other tasks (writers, throttle timers) run while herald is saturated.
+        // this loop would keep its worker thread: now and then yield, so that other tasks
+        // (writers, throttle timers) run while herald is saturated. What is held stays held
+        // (see `Pending::flush_if_full`): this reader is behind.
         handled = handled.wrapping_add(1);
         if handled.is_multiple_of(64) {
-            pending.flush();
             tokio::task::yield_now().await;
             now = ReadAt::now();
             activity.touch(now.instant);
@@ -365,7 +365,7 @@ async fn read_requests(
             match futures_util::poll!(read.as_mut()) {
                 std::task::Poll::Ready(next) => next,
                 std::task::Poll::Pending => {
-                    pending.flush();
+                    pending.drained();
                     if std::mem::take(&mut subscribed) {
                         // The burst of subscribes is over: keep no room for more.
                         node.engine.lock().trim(id);
