@@ -43,6 +43,12 @@ const FLUSH_AFTER: usize = 1024;
 /// with, one of 32,768 five messages or so. Only a reader that is already behind gets there.
 const MAX_DOUBLINGS: u32 = 5;
 
+/// Deliveries per noted connection past which holding saves no more writes: a write of 64
+/// small frames already spreads its cost over them, and the first of them has waited for the
+/// rest. Without it, a burst of 1,000 messages to one subscriber left in one write at the
+/// end: p99.9 1.2–1.9 ms → 2.1 ms (seeds 000/002, the burst).
+const ENOUGH_PER_CONNECTION: usize = 64;
+
 /// With several worker threads, how many connections a flush writes itself; the rest go to
 /// their writer tasks, which idle workers steal.
 const DIRECT_AT_MOST: usize = 32;
@@ -85,10 +91,17 @@ impl Pending {
     /// reader flushes after every message anyway (its input is drained); behind, the longer it
     /// stays behind, the more of what its subscribers receive leaves in one write each, and
     /// the fewer writes it spends per delivery to catch up.
+    ///
+    /// A hold also ends once its connections have [`ENOUGH_PER_CONNECTION`] deliveries each on
+    /// average: then every write already carries many, and longer only delays the first.
     pub fn flush_if_full(&mut self) {
         if self.deliveries.max(self.conns.len()) >= FLUSH_AFTER << self.doublings {
             self.flush();
             self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
+        } else if !self.conns.is_empty()
+            && self.deliveries >= ENOUGH_PER_CONNECTION * self.conns.len()
+        {
+            self.flush();
         }
     }
 
@@ -290,6 +303,29 @@ mod tests {
         // Drained: back to the first hold.
         publish(&mut pending, first);
         each_receives(&conns, first * 4);
+    }
+
+    /// A backlog to one subscriber leaves every [`ENOUGH_PER_CONNECTION`] messages, not after
+    /// a whole hold: its write already carries many, and holding longer only delays the first.
+    #[tokio::test]
+    async fn one_subscriber_takes_a_backlog_a_write_of_enough_at_a_time() {
+        let frame = Frame {
+            head: Bytes::from_static(b"\x81\x02"),
+            body: Bytes::from_static(b"hi"),
+        };
+        let conns = connections(1);
+        let mut pending = Pending::default();
+        let mut publish = |times: usize| {
+            for _ in 0..times {
+                pending.collect(|| conns[0].0.send(&frame));
+                pending.delivered(1);
+                pending.flush_if_full();
+            }
+        };
+        publish(ENOUGH_PER_CONNECTION - 1);
+        nothing_arrived(&conns, ENOUGH_PER_CONNECTION - 1);
+        publish(1);
+        each_receives(&conns, ENOUGH_PER_CONNECTION * 4);
     }
 
     /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the
