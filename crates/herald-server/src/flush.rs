@@ -235,6 +235,14 @@ mod tests {
         (0..conns.len()).filter(|&i| !got[i]).collect()
     }
 
+    /// A two-byte text frame, "hi": 4 bytes on the wire.
+    fn hi() -> Frame {
+        Frame {
+            head: Bytes::from_static(b"\x81\x02"),
+            body: Bytes::from_static(b"hi"),
+        }
+    }
+
     /// Nothing has reached any peer (the flush's writes are synchronous: had there been one,
     /// its bytes would be there after the pause).
     fn nothing_arrived(conns: &[(Arc<Connection>, TcpStream)], held: usize) {
@@ -271,10 +279,7 @@ mod tests {
     /// twice as long; once it is drained, the shortest again.
     #[tokio::test]
     async fn a_backlog_is_held_longer_while_the_input_stays_behind() {
-        let frame = Frame {
-            head: Bytes::from_static(b"\x81\x02"),
-            body: Bytes::from_static(b"hi"),
-        };
+        let frame = hi();
         let conns = connections(40);
         let n = conns.len();
         let mut pending = Pending::default();
@@ -309,10 +314,7 @@ mod tests {
     /// a whole hold: its write already carries many, and holding longer only delays the first.
     #[tokio::test]
     async fn one_subscriber_takes_a_backlog_a_write_of_enough_at_a_time() {
-        let frame = Frame {
-            head: Bytes::from_static(b"\x81\x02"),
-            body: Bytes::from_static(b"hi"),
-        };
+        let frame = hi();
         let conns = connections(1);
         let mut pending = Pending::default();
         let mut publish = |times: usize| {
@@ -334,10 +336,7 @@ mod tests {
     /// to flush: a fixed order would always leave the same subscriber of a topic for last.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_connection_written_last_changes_from_flush_to_flush() {
-        let frame = Frame {
-            head: Bytes::from_static(b"\x81\x02"),
-            body: Bytes::from_static(b"hi"),
-        };
+        let frame = hi();
         let mut pending = Pending::default();
         let mut last = vec![];
         for _ in 0..3 {
