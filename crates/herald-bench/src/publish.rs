@@ -156,7 +156,10 @@ fn poll_incoming(ws: &mut Ws, stats: &PubStats) -> Result<()> {
             }
             Ok(Message::Close(f)) => {
                 ws.get_mut().set_nonblocking(false)?;
-                bail!("server closed the publisher connection: {f:?}");
+                let why = f.map_or("no close code".into(), |f| {
+                    format!("{} {}", u16::from(f.code), f.reason)
+                });
+                bail!("server closed the publisher connection: {why}");
             }
             Ok(_) => {}
             Err(tungstenite::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock => break,
@@ -168,6 +171,15 @@ fn poll_incoming(ws: &mut Ws, stats: &PubStats) -> Result<()> {
     }
     ws.get_mut().set_nonblocking(false)?;
     Ok(())
+}
+
+/// A write failed: when herald closed the connection (a rate limit, say), the reason is in
+/// its close frame, still readable after the write's broken pipe; otherwise the write's error.
+fn why_it_failed(ws: &mut Ws, stats: &PubStats, e: tungstenite::Error) -> anyhow::Error {
+    match poll_incoming(ws, stats) {
+        Err(closed) => closed.context("publish failed"),
+        Ok(()) => anyhow::Error::new(e).context("publish failed"),
+    }
 }
 
 fn run(
@@ -254,10 +266,14 @@ fn run(
                 wire::text_pub(&mut buf, topic, now, i, spec.payload, spec.stamp, extra);
                 Message::text(buf.clone())
             };
-            ws.write(msg).context("publish failed")?;
+            if let Err(e) = ws.write(msg) {
+                return Err(why_it_failed(&mut ws, &stats, e));
+            }
             i += 1;
         }
-        ws.flush().context("publish failed")?;
+        if let Err(e) = ws.flush() {
+            return Err(why_it_failed(&mut ws, &stats, e));
+        }
         stats.sent.store(i, Relaxed);
         if last_poll.elapsed() > Duration::from_millis(250) {
             last_poll = Instant::now();

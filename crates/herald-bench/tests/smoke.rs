@@ -101,6 +101,34 @@ fn run(name: &str, extra: &[&str]) -> Option<Value> {
     Some(v)
 }
 
+/// Runs `herald bench` on scenario `name` against a spawned herald with `args` after
+/// `--quiet`, however it ends (None: skipped, no HERALD_BIN).
+fn run_raw(name: &str, args: &[String]) -> Option<std::process::Output> {
+    let Some(bin) = herald_bin() else {
+        eprintln!("skipped {name}: set HERALD_BIN to a built herald to run the bench smoke test");
+        return None;
+    };
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new(bench_bin(&bin))
+        .arg("bench")
+        .arg(scenario(name))
+        .arg("--spawn-bin")
+        .arg(&bin)
+        .arg("--quiet")
+        .args(args)
+        .output()
+        .expect("run herald bench");
+    Some(out)
+}
+
+/// `["--set", a, "--set", b, …]`.
+fn sets(params: &[&str]) -> Vec<String> {
+    params
+        .iter()
+        .flat_map(|p| ["--set".to_string(), p.to_string()])
+        .collect()
+}
+
 /// The fields scripts rely on (issue 3), on every step.
 fn check(name: &str, v: &Value) {
     let steps = v["steps"]
@@ -271,39 +299,21 @@ fn vbds_images() {
 /// where and why, and the exit status says the sweep is incomplete.
 #[test]
 fn a_step_that_cannot_run_stops_the_sweep() {
-    let Some(bin) = herald_bin() else {
-        eprintln!("skipped: set HERALD_BIN to a built herald to run the bench smoke test");
-        return;
-    };
-    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
-    let out = Command::new(bench_bin(&bin))
-        .arg("bench")
-        .arg(scenario("solace-3.1.1-high"))
-        .arg("--spawn-bin")
-        .arg(&bin)
-        .args(["--quiet", "--json"])
-        .arg(&json)
-        .args([
-            "--set",
-            "duration=1",
-            "--set",
-            "warmup=0.5",
-            "--set",
-            "clients=2",
-        ])
-        .args([
-            "--set",
-            "topics=2000",
-            "--set",
-            "rate=2000",
-            "--set",
-            "ready_timeout=1",
-        ])
-        .args(["--sweep", "subs_per_client=10,1001"])
-        .output()
-        .expect("run herald bench");
+    let mut args = sets(&[
+        "duration=1",
+        "warmup=0.5",
+        "clients=2",
+        "topics=2000",
+        "rate=2000",
+        "ready_timeout=1",
+    ]);
+    args.extend(["--sweep".into(), "subs_per_client=10,1001".into()]);
+    args.extend(["--json".into(), json.display().to_string()]);
+    let Some(out) = run_raw("solace-3.1.1-high", &args) else {
+        return;
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "an incomplete sweep must fail");
     assert!(
@@ -321,4 +331,26 @@ fn a_step_that_cannot_run_stops_the_sweep() {
     assert!(why.contains("only 0 of 2 subscribers were ready"), "{why}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("- stopped_at_step: 2"), "{stdout}");
+}
+
+/// herald closing a publisher (here for going over a low per-connection rate limit) is
+/// reported with herald's close code and reason, not as the write's broken pipe.
+#[test]
+fn a_publisher_closed_by_herald_is_reported_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("limits.toml");
+    std::fs::write(&config, "[limits]\nmax_messages_per_sec = 500\n").unwrap();
+    let mut args = sets(&["duration=2", "warmup=0.5", "clients=2"]);
+    args.extend(sets(&["subs_per_client=10", "rate=2000"]));
+    args.push("--server-arg=--config".into());
+    args.push(format!("--server-arg={}", config.display()));
+    let Some(out) = run_raw("solace-3.1.1-high", &args) else {
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("server closed the publisher connection: 1008 rate limit exceeded"),
+        "the close is reported with its reason:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
