@@ -6,7 +6,8 @@
 //! 100,000 deliveries/s that was a third of a core. So while a task does synchronous engine work
 //! inside [`Pending::collect`], a connection that receives its first queued frame is noted here
 //! rather than woken, and [`Pending::flush`] later writes each noted connection's queue with one
-//! non-blocking vectored write. A socket that does not take everything hands the rest to its
+//! non-blocking vectored write: when the input is drained, or, for a task that is behind, once
+//! a hold of deliveries is full ([`Pending::flush_if_full`]). A socket that does not take everything hands the rest to its
 //! writer task, which waits for the socket; so does a connection that cannot be written
 //! directly (TLS). This is uWebSockets' cork-and-flush, on tokio.
 
@@ -38,9 +39,9 @@ const FRAMES_KEPT: usize = 1024;
 const FLUSH_AFTER: usize = 1024;
 
 /// How many times the hold may double while the input stays behind: up to 32,768 deliveries
-/// (about 10 ms of engine work). A subscriber of 4,000 receiving 100 messages/s each gets one
-/// of a publish's five deliveries in 800: a hold of 1,024 gives it nothing to share a write
-/// with, one of 32,768 five messages or so. Only a reader that is already behind gets there.
+/// (about 10 ms of engine work). Among 4,000 subscribers receiving alike, each gets one
+/// delivery in 4,000: a hold of 1,024 gives most of them one message, nothing to share a
+/// write with; one of 32,768 gives each about eight. Only a reader already behind gets there.
 const MAX_DOUBLINGS: u32 = 5;
 
 /// Deliveries per noted connection past which holding saves no more writes: a write of 64
