@@ -181,6 +181,7 @@ impl Node {
     ) -> Outcome {
         let result = pending.collect(|| engine.publish_from(conn, p, now));
         if let Ok(published) = &result {
+            pending.delivered(published.deliveries);
             self.hand_to_broker(engine, p, published, now);
         }
         result.map(Some)

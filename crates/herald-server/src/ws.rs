@@ -429,9 +429,6 @@ async fn read_requests(
             // reader is held. Boxed, being rare: see `Node::handle_waiting`.
             let waiting = match node.handle_now(id, request, &mut pending, now.wall_us) {
                 Ok(outcome) => {
-                    if let Ok(Some(published)) = &outcome {
-                        pending.delivered(published.deliveries);
-                    }
                     node.account(outcome);
                     None
                 }
