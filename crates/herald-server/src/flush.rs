@@ -7,9 +7,10 @@
 //! inside [`Pending::collect`], a connection that receives its first queued frame is noted here
 //! rather than woken, and [`Pending::flush`] later writes each noted connection's queue with one
 //! non-blocking vectored write: when the input is drained, or, for a task that is behind, once
-//! a hold of deliveries is full ([`Pending::flush_if_full`]). A socket that does not take everything hands the rest to its
-//! writer task, which waits for the socket; so does a connection that cannot be written
-//! directly (TLS). This is uWebSockets' cork-and-flush, on tokio.
+//! a hold of deliveries is full ([`Pending::flush_if_full`]). A socket that does not take
+//! everything hands the rest to its writer task, which waits for the socket; so does a
+//! connection that cannot be written directly (TLS). This is uWebSockets' cork-and-flush, on
+//! tokio.
 
 use crate::connection::Connection;
 use crate::node::now_us;
@@ -111,6 +112,10 @@ impl Pending {
     pub fn drained(&mut self) {
         self.flush();
         self.doublings = 0;
+        // A session keeps its `Pending` for life: an idle one should not keep a burst's room.
+        if self.conns.capacity() > 4 * DIRECT_AT_MOST {
+            self.conns.shrink_to(DIRECT_AT_MOST);
+        }
     }
 
     /// Writes every noted connection's queue now, as far as its socket takes it. A long list
@@ -148,10 +153,6 @@ impl Pending {
         self.conns.clear();
         frames.shrink_to(FRAMES_KEPT);
         let _ = FRAMES.try_with(|f| f.replace(frames));
-        // A session keeps its `Pending` for life: an idle one should not keep a burst's room.
-        if self.conns.capacity() > 4 * DIRECT_AT_MOST {
-            self.conns.shrink_to(DIRECT_AT_MOST);
-        }
     }
 }
 
