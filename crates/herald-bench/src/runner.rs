@@ -260,8 +260,15 @@ fn split(total: u64, parts: u64) -> Vec<(u64, u64)> {
 }
 
 /// Waits until `target` clients are subscribed (or failed).
-fn wait_ready(ctx: &mut Ctx, groups: &[Group], target: u64, p: &Params, label: &str) -> Result<()> {
-    let timeout = Duration::from_secs_f64(target as f64 / p.connect_rate + p.ready_timeout);
+fn wait_ready(
+    ctx: &mut Ctx,
+    groups: &[Group],
+    target: u64,
+    params: &Params,
+    label: &str,
+) -> Result<()> {
+    let timeout =
+        Duration::from_secs_f64(target as f64 / params.connect_rate + params.ready_timeout);
     let t0 = Instant::now();
     loop {
         ctx.check_stop()?;
