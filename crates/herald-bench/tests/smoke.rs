@@ -38,34 +38,17 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Runs one scenario tiny and returns its JSON report (None: skipped, no HERALD_BIN).
 fn run(name: &str, extra: &[&str]) -> Option<Value> {
-    let Some(bin) = herald_bin() else {
-        eprintln!("skipped {name}: set HERALD_BIN to a built herald to run the bench smoke test");
-        return None;
-    };
-    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
     let svg = dir.path().join("plot.svg");
+    let mut args: Vec<String> = ["--duration", "2", "--set", "warmup=0.5", "--json"]
+        .map(String::from)
+        .into();
+    args.extend([json.display().to_string(), "--plot".into()]);
+    args.push(svg.display().to_string());
+    args.extend(extra.iter().map(|a| a.to_string()));
     let t0 = Instant::now();
-    let out = Command::new(bench_bin(&bin))
-        .arg("bench")
-        .arg(scenario(name))
-        .arg("--spawn-bin")
-        .arg(&bin)
-        .args([
-            "--duration",
-            "2",
-            "--set",
-            "warmup=0.5",
-            "--quiet",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--plot")
-        .arg(&svg)
-        .args(extra)
-        .output()
-        .expect("run herald bench");
+    let out = run_raw(name, &args)?;
     assert!(
         out.status.success(),
         "herald bench {name} failed ({}):\nstdout:\n{}\nstderr:\n{}",
