@@ -6,6 +6,13 @@
 //! disappear among a thousand fast ones), so each subscriber also keeps a small histogram of its
 //! own, and the report compares their p99s: best, median, worst, and worst ÷ best.
 //!
+//! A spread is only unfair beyond what chance gives: each p99 rests on a subscriber's own few
+//! thousand samples, and when the tail is a handful of stalls, which subscribers' messages they
+//! catch is partly luck. So the report also gives the spread by chance alone
+//! ([`spread_by_chance`]): every subscriber's sample count drawn from the pooled latencies, as
+//! if all were served alike. A measured spread above it means some subscribers are served worse
+//! than chance explains.
+//!
 //! Memory matters (thousands of subscribers per pool): the per-subscriber histogram has 2
 //! significant digits (≤ 1% error, enough for a ratio), 32-bit counts and a 60 s ceiling, about
 //! 10 KiB, allocated at the subscriber's first sample in the window (idle connections cost
@@ -36,12 +43,22 @@ impl SubscriberLatency {
 
     /// The p99 of what was recorded since the previous call, when there were at least
     /// [`MIN_SAMPLES`]; starts the next window empty either way.
-    pub fn take_p99(&mut self) -> Option<u64> {
+    pub fn take_p99(&mut self) -> Option<SubscriberP99> {
         let h = self.0.as_mut().filter(|h| !h.is_empty())?;
-        let p99 = (h.len() >= MIN_SAMPLES).then(|| h.value_at_quantile(0.99));
+        let p99 = (h.len() >= MIN_SAMPLES).then(|| SubscriberP99 {
+            p99_us: h.value_at_quantile(0.99),
+            samples: h.len(),
+        });
         h.reset();
         p99
     }
+}
+
+/// One subscriber's p99 over a window, and how many samples it rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriberP99 {
+    pub p99_us: u64,
+    pub samples: u64,
 }
 
 /// The spread of the subscribers' p99 latencies over a step's window, µs.
@@ -57,12 +74,17 @@ pub struct Fairness {
     pub worst_p99_us: f64,
     /// worst ÷ best (1.0 = every subscriber equally served; target 11 asks ≤ 1.5).
     pub spread: f64,
+    /// The spread chance alone gives these subscribers ([`spread_by_chance`]); absent when
+    /// the pooled latencies were not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_by_chance: Option<f64>,
 }
 
 impl Fairness {
-    /// The figures of a list of per-subscriber p99s (any order); `None` when it is empty.
-    pub fn of(p99s: &[u64]) -> Option<Fairness> {
-        let mut v = p99s.to_vec();
+    /// The figures of a list of per-subscriber p99s (any order), with the spread by chance
+    /// when `pooled` (every sample of the window) is given; `None` when the list is empty.
+    pub fn of(subscribers: &[SubscriberP99], pooled: Option<&Histogram<u64>>) -> Option<Fairness> {
+        let mut v: Vec<u64> = subscribers.iter().map(|s| s.p99_us).collect();
         v.sort_unstable();
         let (&best, &worst) = (v.first()?, v.last()?);
         let median = v[v.len().div_ceil(2) - 1];
@@ -73,7 +95,67 @@ impl Fairness {
             worst_p99_us: worst as f64,
             // A p99 of 0 µs only happens with clocks apart; 1 µs keeps the ratio finite.
             spread: worst as f64 / best.max(1) as f64,
+            spread_by_chance: pooled.and_then(|h| {
+                let samples: Vec<u64> = subscribers.iter().map(|s| s.samples).collect();
+                spread_by_chance(&samples, h)
+            }),
         })
+    }
+}
+
+/// worst ÷ best p99 of subscribers that each drew their number of `samples` at random from the
+/// `pooled` latencies: the spread a server serving everyone alike would show if each message's
+/// latency were independent of the others'. Real samples are more even than that (the bench
+/// sends each subscriber's messages at even intervals, so a stall every subscriber shares meets
+/// each one's messages about equally), and a fair server measures at or below this figure.
+/// Seeded: the same inputs give the same figure. `None` without samples. Cost: one draw per
+/// sample (a binary search over the histogram's buckets), well under a second for 12 M.
+pub fn spread_by_chance(samples: &[u64], pooled: &Histogram<u64>) -> Option<f64> {
+    // (bucket's highest value, samples up to and including it) for every non-empty bucket.
+    let mut cdf = Vec::new();
+    let mut total = 0;
+    for v in pooled.iter_recorded() {
+        total += v.count_at_value();
+        cdf.push((v.value_iterated_to(), total));
+    }
+    if total == 0 || samples.is_empty() {
+        return None;
+    }
+    let mut rng = SplitMix64(0x5eed_f00d);
+    let mut drawn: Vec<u32> = Vec::new();
+    let (mut best, mut worst) = (u64::MAX, 0);
+    for &n in samples.iter().filter(|&&n| n > 0) {
+        drawn.clear();
+        drawn.extend((0..n).map(|_| {
+            let u = rng.below(total);
+            cdf.partition_point(|&(_, below)| below <= u) as u32
+        }));
+        // The nearest rank, as `Histogram::value_at_quantile(0.99)` takes it.
+        let rank = ((n as f64 * 0.99).ceil() as usize).max(1) - 1;
+        let (_, &mut bucket, _) = drawn.select_nth_unstable(rank);
+        let p99 = cdf[bucket as usize].0;
+        best = best.min(p99);
+        worst = worst.max(p99);
+    }
+    (best != u64::MAX).then(|| worst as f64 / best.max(1) as f64)
+}
+
+/// A small, fast, seedable generator (Steele, Lea and Flood's SplitMix64): the bench needs
+/// reproducible draws, not cryptographic ones, and one function is less than a dependency.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2⁻³⁰ for the counts here).
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next() as u128 * n as u128) >> 64) as u64
     }
 }
 
@@ -81,24 +163,75 @@ impl Fairness {
 mod tests {
     use super::*;
 
+    fn subs(p99s: &[u64]) -> Vec<SubscriberP99> {
+        p99s.iter()
+            .map(|&p99_us| SubscriberP99 {
+                p99_us,
+                samples: 1000,
+            })
+            .collect()
+    }
+
     #[test]
     fn figures_of_a_known_list() {
-        let f = Fairness::of(&[900, 400, 600, 500, 800]).unwrap();
+        let f = Fairness::of(&subs(&[900, 400, 600, 500, 800]), None).unwrap();
         assert_eq!(f.subscribers, 5);
         assert_eq!(f.best_p99_us, 400.0);
         assert_eq!(f.median_p99_us, 600.0);
         assert_eq!(f.worst_p99_us, 900.0);
         assert_eq!(f.spread, 2.25);
         // Even count: the lower middle (nearest rank), like the pooled median.
-        let f = Fairness::of(&[40, 10, 30, 20]).unwrap();
+        let f = Fairness::of(&subs(&[40, 10, 30, 20]), None).unwrap();
         assert_eq!((f.median_p99_us, f.spread), (20.0, 4.0));
-        let one = Fairness::of(&[250]).unwrap();
+        let one = Fairness::of(&subs(&[250]), None).unwrap();
         assert_eq!(
             (one.best_p99_us, one.worst_p99_us, one.spread),
             (250.0, 250.0, 1.0)
         );
-        assert_eq!(Fairness::of(&[]), None);
-        assert_eq!(Fairness::of(&[0, 7]).unwrap().spread, 7.0);
+        assert_eq!(Fairness::of(&[], None), None);
+        assert_eq!(Fairness::of(&subs(&[0, 7]), None).unwrap().spread, 7.0);
+        assert_eq!(f.spread_by_chance, None, "no pooled latencies given");
+    }
+
+    fn pooled(values: &[(u64, u64)]) -> Histogram<u64> {
+        let mut h = Histogram::new_with_bounds(1, MAX_US, 3).unwrap();
+        for &(v, n) in values {
+            h.record_n(v, n).unwrap();
+        }
+        h
+    }
+
+    #[test]
+    fn chance_alone_gives_no_spread_to_a_constant_latency() {
+        let h = pooled(&[(500, 100_000)]);
+        assert_eq!(spread_by_chance(&[1000; 100], &h), Some(1.0));
+        assert_eq!(spread_by_chance(&[], &h), None);
+        assert_eq!(spread_by_chance(&[0, 0], &h), None);
+        assert_eq!(spread_by_chance(&[1000], &pooled(&[])), None);
+    }
+
+    #[test]
+    fn chance_alone_spreads_a_rare_tail_and_narrows_with_more_samples() {
+        // 1% of the samples are a 10 ms stall, the rest 100 µs. With 1,000 samples each, a
+        // subscriber's p99 (its 990th-lowest) is a stall when 11 or more of its draws hit one
+        // (≈ 42% of subscribers): among 1,000 subscribers both kinds occur, 100× apart.
+        let h = pooled(&[(100, 990_000), (10_000, 10_000)]);
+        let short = spread_by_chance(&[1000; 1000], &h).unwrap();
+        assert!((95.0..=105.0).contains(&short), "{short}");
+        // Same every time: the draws are seeded.
+        assert_eq!(spread_by_chance(&[1000; 1000], &h), Some(short));
+        // A tail of 0.5% with 20,000 samples each: every p99 (the 200th-worst) is 100 µs.
+        let h = pooled(&[(100, 995_000), (10_000, 5_000)]);
+        assert_eq!(spread_by_chance(&[20_000; 200], &h), Some(1.0));
+    }
+
+    #[test]
+    fn the_spread_by_chance_rides_along_when_the_pooled_latencies_are_given() {
+        let h = pooled(&[(100, 990_000), (10_000, 10_000)]);
+        let f = Fairness::of(&subs(&[120, 9_000]), Some(&h)).unwrap();
+        assert_eq!(f.spread, 75.0);
+        assert_eq!(f.spread_by_chance, spread_by_chance(&[1000, 1000], &h));
+        assert!(f.spread_by_chance.is_some());
     }
 
     #[test]
@@ -119,12 +252,13 @@ mod tests {
             s.record(v);
         }
         let p99 = s.take_p99().unwrap();
-        assert!((980..=1000).contains(&p99), "{p99}");
+        assert!((980..=1000).contains(&p99.p99_us), "{p99:?}");
+        assert_eq!(p99.samples, 1000);
         assert_eq!(s.take_p99(), None, "the previous window's samples are gone");
         for _ in 0..MIN_SAMPLES {
             s.record(-3);
         }
         s.record(i64::MAX);
-        assert_eq!(s.take_p99(), Some(0), "clamped, not lost");
+        assert_eq!(s.take_p99().map(|p| p.p99_us), Some(0), "clamped, not lost");
     }
 }

@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::fairness::SubscriberLatency;
+use crate::fairness::{SubscriberLatency, SubscriberP99};
 use crate::integrity::{Counts, TopicTrack};
 use crate::schedule::{Assignment, Schedule};
 use crate::stats;
@@ -188,7 +188,7 @@ pub struct Snapshot {
     pub server_to_sub: Histogram<u64>,
     /// Each subscriber's p99 latency in the window, µs, for those with enough samples
     /// ([`crate::fairness::MIN_SAMPLES`]); in no particular order.
-    pub sub_p99_us: Vec<u64>,
+    pub sub_p99: Vec<SubscriberP99>,
     pub raw: Vec<RawSample>,
     pub errors: Vec<String>,
     /// CPU seconds of the process the pool ran in since its previous collect (workers only).
@@ -205,7 +205,7 @@ impl Snapshot {
             latency: stats::new_histogram(),
             pub_to_server: stats::new_histogram(),
             server_to_sub: stats::new_histogram(),
-            sub_p99_us: vec![],
+            sub_p99: vec![],
             raw: vec![],
             errors: vec![],
             cpu_s: 0.0,
@@ -220,7 +220,7 @@ impl Snapshot {
         let _ = self.latency.add(&o.latency);
         let _ = self.pub_to_server.add(&o.pub_to_server);
         let _ = self.server_to_sub.add(&o.server_to_sub);
-        self.sub_p99_us.extend(o.sub_p99_us);
+        self.sub_p99.extend(o.sub_p99);
         self.raw.extend(o.raw);
         for e in o.errors {
             push_error(&mut self.errors, e);
@@ -237,7 +237,7 @@ impl Snapshot {
             latency: stats::encode_histogram(&self.latency),
             pub_to_server: stats::encode_histogram(&self.pub_to_server),
             server_to_sub: stats::encode_histogram(&self.server_to_sub),
-            sub_p99_us: self.sub_p99_us.clone(),
+            sub_p99: self.sub_p99.clone(),
             raw: self.raw.clone(),
             errors: self.errors.clone(),
             cpu_s: self.cpu_s,
@@ -256,7 +256,7 @@ pub struct SnapshotWire {
     pub pub_to_server: String,
     pub server_to_sub: String,
     #[serde(default)]
-    pub sub_p99_us: Vec<u64>,
+    pub sub_p99: Vec<SubscriberP99>,
     pub raw: Vec<RawSample>,
     pub errors: Vec<String>,
     pub cpu_s: f64,
@@ -272,7 +272,7 @@ impl SnapshotWire {
             latency: stats::decode_histogram(&self.latency)?,
             pub_to_server: stats::decode_histogram(&self.pub_to_server)?,
             server_to_sub: stats::decode_histogram(&self.server_to_sub)?,
-            sub_p99_us: self.sub_p99_us,
+            sub_p99: self.sub_p99,
             raw: self.raw,
             errors: self.errors,
             cpu_s: self.cpu_s,
@@ -406,7 +406,7 @@ impl Local {
             latency: std::mem::replace(&mut self.latency, stats::new_histogram()),
             pub_to_server: std::mem::replace(&mut self.pub_to_server, stats::new_histogram()),
             server_to_sub: std::mem::replace(&mut self.server_to_sub, stats::new_histogram()),
-            sub_p99_us: self
+            sub_p99: self
                 .subscribers
                 .iter_mut()
                 .filter_map(SubscriberLatency::take_p99)
@@ -775,7 +775,8 @@ mod tests {
         let mut s = Snapshot::empty();
         stats::record(&mut s.latency, 40);
         s.counts.lost = 2;
-        s.sub_p99_us = vec![700, 300];
+        let sub = |p99_us, samples| SubscriberP99 { p99_us, samples };
+        s.sub_p99 = vec![sub(700, 2000), sub(300, 1999)];
         let back = s.to_wire();
         let json = serde_json::to_string(&back).unwrap();
         let s2 = serde_json::from_str::<SnapshotWire>(&json)
@@ -784,6 +785,6 @@ mod tests {
             .unwrap();
         assert_eq!(s2.latency.len(), 1);
         assert_eq!(s2.counts.lost, 2);
-        assert_eq!(s2.sub_p99_us, [700, 300]);
+        assert_eq!(s2.sub_p99, [sub(700, 2000), sub(300, 1999)]);
     }
 }

@@ -364,7 +364,7 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
         if steps.iter().any(|s| s.fairness.is_some()) {
             let _ = writeln!(
                 o,
-                "Fairness (each subscriber's p99, µs: best / median / worst, worst ÷ best, subscribers): {}\n",
+                "Fairness (each subscriber's p99, µs: best / median / worst, worst ÷ best, subscribers; worst ÷ best by chance alone): {}\n",
                 steps
                     .iter()
                     .filter_map(|s| s.fairness.as_ref().map(fairness_cells))
@@ -378,12 +378,15 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
 /// One step's fairness figures, as the report and the progress line print them.
 pub fn fairness_cells(f: &Fairness) -> String {
     format!(
-        "{} / {} / {}, {:.2}×, {}",
+        "{} / {} / {}, {:.2}×, {}{}",
         fmt_us(f.best_p99_us),
         fmt_us(f.median_p99_us),
         fmt_us(f.worst_p99_us),
         f.spread,
-        f.subscribers
+        f.subscribers,
+        f.spread_by_chance
+            .map(|c| format!(" (by chance {c:.2}×)"))
+            .unwrap_or_default()
     )
 }
 
@@ -824,6 +827,7 @@ pub fn svg(r: &RunReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fairness::SubscriberP99;
 
     fn report(kind: Kind) -> RunReport {
         let mut steps = vec![];
@@ -909,11 +913,23 @@ mod tests {
             !markdown(&r).contains("Fairness"),
             "no line without figures"
         );
-        r.steps[0].fairness = Fairness::of(&[900, 400, 600, 500, 800]);
-        r.steps[1].fairness = Fairness::of(&[1200, 1000]);
+        let subs = |p99s: &[u64]| {
+            p99s.iter()
+                .map(|&p99_us| SubscriberP99 {
+                    p99_us,
+                    samples: 500,
+                })
+                .collect::<Vec<_>>()
+        };
+        r.steps[0].fairness = Fairness::of(&subs(&[900, 400, 600, 500, 800]), None);
+        let mut pooled = crate::stats::new_histogram();
+        pooled.record_n(700, 10).unwrap();
+        r.steps[1].fairness = Fairness::of(&subs(&[1200, 1000]), Some(&pooled));
         let md = markdown(&r);
         assert!(
-            md.contains(": 400 / 600 / 900, 2.25×, 5; 1,000 / 1,000 / 1,200, 1.20×, 2\n"),
+            md.contains(
+                ": 400 / 600 / 900, 2.25×, 5; 1,000 / 1,000 / 1,200, 1.20×, 2 (by chance 1.00×)\n"
+            ),
             "{md}"
         );
         let v = serde_json::to_value(&r).unwrap();
@@ -923,6 +939,8 @@ mod tests {
         assert_eq!(f["median_p99_us"], 600.0);
         assert_eq!(f["worst_p99_us"], 900.0);
         assert_eq!(f["spread"], 2.25);
+        assert!(f.get("spread_by_chance").is_none());
+        assert_eq!(v["steps"][1]["fairness"]["spread_by_chance"], 1.0);
         assert!(v["steps"][2].get("fairness").is_none());
         let back: RunReport = serde_json::from_value(v).unwrap();
         assert_eq!(back.steps[0].fairness, r.steps[0].fairness);

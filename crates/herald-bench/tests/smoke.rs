@@ -72,9 +72,10 @@ fn run(name: &str, extra: &[&str]) -> Option<Value> {
     // What the JSON says about fairness, the Markdown prints too.
     if let Some(f) = v["steps"][0].get("fairness") {
         let cells = format!(
-            "{:.2}×, {}",
+            "{:.2}×, {} (by chance {:.2}×)",
             f["spread"].as_f64().unwrap(),
-            f["subscribers"]
+            f["subscribers"],
+            f["spread_by_chance"].as_f64().unwrap()
         );
         assert!(
             stdout.contains("Fairness (each subscriber's p99") && stdout.contains(&cells),
@@ -211,6 +212,15 @@ fn solace_very_high() {
     assert!(
         best * 0.98 <= p99 && p99 <= worst * 1.02,
         "pooled p99 {p99} outside [{best}, {worst}]"
+    );
+    // Chance alone, drawn from the same pooled latencies, spreads the p99s too: by at least
+    // nothing, and by less than the whole range of the window's latencies.
+    let by_chance = f["spread_by_chance"].as_f64().unwrap();
+    let lat = &v["steps"][0]["latency_us"];
+    let range = lat["max"].as_f64().unwrap() / lat["min"].as_f64().unwrap().max(1.0);
+    assert!(
+        (1.0..=range * 1.01).contains(&by_chance),
+        "spread by chance {by_chance} outside [1, {range}]: {f}"
     );
 }
 
