@@ -371,9 +371,25 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
                     .collect::<Vec<_>>()
                     .join("; ")
             );
+            // Where chance alone spreads the p99s past the 1.5× that issue 4 asks for, the
+            // measured spread cannot show fairness either way: say so, and what helps.
+            let noisy = steps
+                .iter()
+                .filter_map(|s| s.fairness.as_ref()?.spread_by_chance)
+                .fold(0.0, f64::max);
+            if noisy > CHANCE_TOO_WIDE {
+                let _ = writeln!(
+                    o,
+                    "Note: chance alone spreads these subscribers' p99s by up to {noisy:.2}×: each rests on too few samples to judge fairness by. A longer window (`--duration`) gives each subscriber more.\n"
+                );
+            }
         }
     }
 }
+
+/// Above this spread by chance alone, the report notes that the window is too short for the
+/// fairness figure to mean much (issue 4, target 11, asks for ≤ 1.5×).
+const CHANCE_TOO_WIDE: f64 = 1.5;
 
 /// One step's fairness figures, as the report and the progress line print them.
 pub fn fairness_cells(f: &Fairness) -> String {
@@ -932,6 +948,29 @@ mod tests {
             ),
             "{md}"
         );
+        assert!(!md.contains("chance alone spreads"), "{md}");
+        // A tail of 1% and 500 samples each: a subscriber's p99 is in the tail when 6 or more
+        // of its draws are (≈ 38%), so among 20 chance alone spreads them widely.
+        let mut rare_tail = crate::stats::new_histogram();
+        rare_tail.record_n(700, 990).unwrap();
+        rare_tail.record_n(50_000, 10).unwrap();
+        let step1 = r.steps[1].fairness.take();
+        r.steps[1].fairness = Fairness::of(&subs(&[1000; 20]), Some(&rare_tail));
+        let chance = r.steps[1]
+            .fairness
+            .as_ref()
+            .unwrap()
+            .spread_by_chance
+            .unwrap();
+        assert!(chance > CHANCE_TOO_WIDE, "{chance}");
+        let md = markdown(&r);
+        assert!(
+            md.contains(&format!(
+                "Note: chance alone spreads these subscribers' p99s by up to {chance:.2}×"
+            )),
+            "{md}"
+        );
+        r.steps[1].fairness = step1;
         let v = serde_json::to_value(&r).unwrap();
         let f = &v["steps"][0]["fairness"];
         assert_eq!(f["subscribers"], 5);
