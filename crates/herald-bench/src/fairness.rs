@@ -19,6 +19,7 @@
 //! nothing). Only each subscriber's p99 leaves the pool.
 
 use hdrhistogram::Histogram;
+use herald_core::mix::{splitmix64, GOLDEN};
 use serde::{Deserialize, Serialize};
 
 /// Fewest samples in the window for a subscriber's p99 to count: below that, "p99" would be
@@ -150,17 +151,14 @@ pub fn spread_by_chance(samples: &[u64], pooled: &Histogram<u64>) -> Option<f64>
 /// of the draws hardly moves (its rank is the 10,000th-worst).
 const MAX_DRAWS: u64 = 1_000_000;
 
-/// A small, fast, seedable generator (Steele, Lea and Flood's SplitMix64): the bench needs
-/// reproducible draws, not cryptographic ones, and one function is less than a dependency.
+/// Seeded draws: reproducible, not secret ([`herald_core::mix`]).
 struct SplitMix64(u64);
 
 impl SplitMix64 {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        let out = splitmix64(self.0);
+        self.0 = self.0.wrapping_add(GOLDEN);
+        out
     }
 
     /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2⁻³⁰ for the counts here).

@@ -10,10 +10,12 @@
 //! - [`policy`]: the slow-consumer policies and their configured defaults.
 //! - [`grant`]: permissions as topic patterns, what a token allows.
 //! - [`prefetch`]: a hint to the CPU to load memory about to be used.
+//! - [`mix`]: SplitMix64, numbers that look random (epochs; the bench's seeded draws).
 
 pub mod engine;
 pub mod grant;
 pub mod index;
+pub mod mix;
 pub mod outbox;
 pub mod policy;
 pub mod prefetch;

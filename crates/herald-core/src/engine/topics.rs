@@ -6,6 +6,7 @@
 //! needs a second lookup to create on a miss without cloning the name on every hit.
 
 use super::{EngineConfig, HistoryRule};
+use crate::mix::splitmix64;
 use crate::prefetch::prefetch;
 use crate::topic;
 use crate::wire::{Frame, MessageHead};
@@ -220,15 +221,6 @@ pub(super) fn policy_rule(config: &EngineConfig, name: &str) -> Option<usize> {
         .policy
         .iter()
         .position(|r| topic::matches(&r.pattern, name))
-}
-
-/// A fast, well-mixed 64-bit hash (Steele et al.), enough to make epochs unpredictable between
-/// runs given a random seed.
-fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 #[cfg(test)]
