@@ -96,10 +96,8 @@ impl Fairness {
             worst_p99_us: worst as f64,
             // A p99 of 0 µs only happens with clocks apart; 1 µs keeps the ratio finite.
             spread: worst as f64 / best.max(1) as f64,
-            spread_by_chance: pooled.and_then(|h| {
-                let samples: Vec<u64> = subscribers.iter().map(|s| s.samples).collect();
-                spread_by_chance(&samples, h)
-            }),
+            spread_by_chance: pooled
+                .and_then(|h| spread_by_chance(subscribers.iter().map(|s| s.samples), h)),
         })
     }
 }
@@ -112,7 +110,10 @@ impl Fairness {
 /// Seeded: the same inputs give the same figure. `None` without samples. Cost: one draw per
 /// sample (a binary search over the histogram's buckets), well under a second for 12 M; a
 /// subscriber draws at most [`MAX_DRAWS`].
-pub fn spread_by_chance(samples: &[u64], pooled: &Histogram<u64>) -> Option<f64> {
+pub fn spread_by_chance(
+    samples: impl IntoIterator<Item = u64>,
+    pooled: &Histogram<u64>,
+) -> Option<f64> {
     // (bucket's highest value, samples up to and including it) for every non-empty bucket.
     let mut cdf = Vec::new();
     let mut total = 0;
@@ -120,16 +121,16 @@ pub fn spread_by_chance(samples: &[u64], pooled: &Histogram<u64>) -> Option<f64>
         total += v.count_at_value();
         cdf.push((v.value_iterated_to(), total));
     }
-    if total == 0 || samples.is_empty() {
+    if total == 0 {
         return None;
     }
     let mut rng = SplitMix64(0x5eed_f00d);
     let mut drawn: Vec<u32> = Vec::new();
     let (mut best, mut worst) = (u64::MAX, 0);
     for n in samples
-        .iter()
-        .filter(|&&n| n > 0)
-        .map(|&n| n.min(MAX_DRAWS))
+        .into_iter()
+        .filter(|&n| n > 0)
+        .map(|n| n.min(MAX_DRAWS))
     {
         drawn.clear();
         drawn.extend((0..n).map(|_| {
@@ -212,10 +213,10 @@ mod tests {
     #[test]
     fn chance_alone_gives_no_spread_to_a_constant_latency() {
         let h = pooled(&[(500, 100_000)]);
-        assert_eq!(spread_by_chance(&[1000; 100], &h), Some(1.0));
-        assert_eq!(spread_by_chance(&[], &h), None);
-        assert_eq!(spread_by_chance(&[0, 0], &h), None);
-        assert_eq!(spread_by_chance(&[1000], &pooled(&[])), None);
+        assert_eq!(spread_by_chance([1000; 100], &h), Some(1.0));
+        assert_eq!(spread_by_chance([], &h), None);
+        assert_eq!(spread_by_chance([0, 0], &h), None);
+        assert_eq!(spread_by_chance([1000], &pooled(&[])), None);
     }
 
     #[test]
@@ -224,15 +225,15 @@ mod tests {
         // subscriber's p99 (its 990th-lowest) is a stall when 11 or more of its draws hit one
         // (≈ 42% of subscribers): among 1,000 subscribers both kinds occur, 100× apart.
         let h = pooled(&[(100, 990_000), (10_000, 10_000)]);
-        let short = spread_by_chance(&[1000; 1000], &h).unwrap();
+        let short = spread_by_chance([1000; 1000], &h).unwrap();
         assert!((95.0..=105.0).contains(&short), "{short}");
         // Same every time: the draws are seeded.
-        assert_eq!(spread_by_chance(&[1000; 1000], &h), Some(short));
+        assert_eq!(spread_by_chance([1000; 1000], &h), Some(short));
         // A tail of 0.5% with 20,000 samples each: every p99 (the 200th-worst) is 100 µs.
         let h = pooled(&[(100, 995_000), (10_000, 5_000)]);
-        assert_eq!(spread_by_chance(&[20_000; 200], &h), Some(1.0));
+        assert_eq!(spread_by_chance([20_000; 200], &h), Some(1.0));
         // A subscriber with more samples than it draws: bounded work, the same answer.
-        assert_eq!(spread_by_chance(&[u64::MAX, 20_000], &h), Some(1.0));
+        assert_eq!(spread_by_chance([u64::MAX, 20_000], &h), Some(1.0));
     }
 
     #[test]
@@ -240,7 +241,7 @@ mod tests {
         let h = pooled(&[(100, 990_000), (10_000, 10_000)]);
         let f = Fairness::of(&subs(&[120, 9_000]), Some(&h)).unwrap();
         assert_eq!(f.spread, 75.0);
-        assert_eq!(f.spread_by_chance, spread_by_chance(&[1000, 1000], &h));
+        assert_eq!(f.spread_by_chance, spread_by_chance([1000, 1000], &h));
         assert!(f.spread_by_chance.is_some());
     }
 
