@@ -125,7 +125,11 @@ pub(super) enum Numbering {
     Origin,
 }
 
-type TopicMap = hashbrown::HashMap<Box<str>, TopicState, foldhash::fast::RandomState>;
+/// Each topic's state is boxed, out of the table: inline it made every bucket 248 bytes, so a
+/// lookup among 100,000 topics (30 MB) missed the cache twice, on the control bytes and on the
+/// bucket. Boxed, a bucket is 24 bytes and the table (2.4 MB for 100,000 topics, 480 KB for
+/// 20,000) stays in the cache; only the state itself is a miss.
+type TopicMap = hashbrown::HashMap<Box<str>, Box<TopicState>, foldhash::fast::RandomState>;
 
 /// Topic states by name, and what gives each new numbering its epoch.
 pub(super) struct Topics {
@@ -181,7 +185,7 @@ impl Topics {
                 remote_at: 0,
                 oldest_bytes: 0,
             };
-            (name.into(), state)
+            (name.into(), Box::new(state))
         });
         if numbering == Numbering::Local && state.foreign {
             state.restart(next_epoch(), 0, false);
@@ -190,11 +194,11 @@ impl Topics {
     }
 
     pub fn get(&self, name: &str) -> Option<&TopicState> {
-        self.map.get(name)
+        self.map.get(name).map(|state| &**state)
     }
 
     pub fn get_mut(&mut self, name: &str) -> Option<&mut TopicState> {
-        self.map.get_mut(name)
+        self.map.get_mut(name).map(|state| &mut **state)
     }
 
     pub fn remove(&mut self, name: &str) {
@@ -206,7 +210,7 @@ impl Topics {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Box<str>, &TopicState)> {
-        self.map.iter()
+        self.map.iter().map(|(name, state)| (name, &**state))
     }
 }
 
