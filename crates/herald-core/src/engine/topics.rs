@@ -130,6 +130,7 @@ pub(super) enum Numbering {
 /// bucket. Boxed, a bucket is 24 bytes and the table (2.4 MB for 100,000 topics, 480 KB for
 /// 20,000) stays in the cache; only the state itself is a miss.
 type TopicMap = hashbrown::HashMap<Box<str>, Box<TopicState>, foldhash::fast::RandomState>;
+const _: () = assert!(std::mem::size_of::<(Box<str>, Box<TopicState>)>() == 24);
 
 /// Topic states by name, and what gives each new numbering its epoch.
 pub(super) struct Topics {
