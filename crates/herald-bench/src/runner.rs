@@ -107,19 +107,16 @@ fn run_steps(
     results: &mut Vec<StepResult>,
     summary: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
-    let label = |i: usize| format!("step {}/{}", i + 1, steps.len());
     match kind {
-        Kind::Fanout => {
-            for (i, s) in steps.iter().enumerate() {
-                let r = fanout_step(ctx, &s.params, &label(i))?;
-                results.push(finish(ctx, s, r));
-            }
-        }
+        Kind::Fanout => each_alone(ctx, steps, results, fanout_step)?,
+        Kind::ProxyLatency => each_alone(ctx, steps, results, proxy_step)?,
+        Kind::Images => each_alone(ctx, steps, results, images_step)?,
+        Kind::Conflation => each_alone(ctx, steps, results, conflation_step)?,
         Kind::Filtering => {
             let mut baseline: Option<f64> = None;
             let mut held: Option<f64> = None;
             for (i, s) in steps.iter().enumerate() {
-                let r = fanout_step(ctx, &s.params, &label(i))?;
+                let r = fanout_step(ctx, &s.params, &step_label(i, steps.len()))?;
                 let mean = r.latency_us.mean;
                 let achieved = r
                     .extra
@@ -152,12 +149,6 @@ fn run_steps(
                 json!(baseline.unwrap_or(0.0)),
             );
         }
-        Kind::ProxyLatency => {
-            for (i, s) in steps.iter().enumerate() {
-                let r = proxy_step(ctx, &s.params, &label(i))?;
-                results.push(finish(ctx, s, r));
-            }
-        }
         Kind::StockExchange => {
             let mut rs = vec![];
             let ramp = stock_ramp(ctx, steps, &mut rs);
@@ -166,20 +157,26 @@ fn run_steps(
             }
             ramp?;
         }
-        Kind::Images => {
-            for (i, s) in steps.iter().enumerate() {
-                let r = images_step(ctx, &s.params, &label(i))?;
-                results.push(finish(ctx, s, r));
-            }
-        }
-        Kind::Conflation => {
-            for (i, s) in steps.iter().enumerate() {
-                let r = conflation_step(ctx, &s.params, &label(i))?;
-                results.push(finish(ctx, s, r));
-            }
-        }
     }
     Ok(())
+}
+
+/// Runs steps that stand alone, each finished and kept as it ends.
+fn each_alone(
+    ctx: &mut Ctx,
+    steps: &[Step],
+    results: &mut Vec<StepResult>,
+    step: fn(&mut Ctx, &Params, &str) -> Result<StepResult>,
+) -> Result<()> {
+    for (i, s) in steps.iter().enumerate() {
+        let r = step(ctx, &s.params, &step_label(i, steps.len()))?;
+        results.push(finish(ctx, s, r));
+    }
+    Ok(())
+}
+
+fn step_label(i: usize, of: usize) -> String {
+    format!("step {}/{of}", i + 1)
 }
 
 fn finish(ctx: &Ctx, step: &Step, mut r: StepResult) -> StepResult {
@@ -743,7 +740,7 @@ fn stock_steps(
     let mut have = 0u64;
     for (si, step) in steps.iter().enumerate() {
         let p = &step.params;
-        let label = format!("step {}/{}", si + 1, steps.len());
+        let label = step_label(si, steps.len());
         if p.clients > have {
             // Spread the new clients over the groups.
             for (g, (a, b)) in groups
