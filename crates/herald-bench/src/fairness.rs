@@ -76,15 +76,15 @@ pub struct Fairness {
     /// worst ÷ best (1.0 = every subscriber equally served; target 11 asks ≤ 1.5).
     pub spread: f64,
     /// The spread chance alone gives these subscribers ([`spread_by_chance`]); absent when
-    /// the pooled latencies were not given.
+    /// the pooled latencies hold no sample (and in reports older than the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread_by_chance: Option<f64>,
 }
 
 impl Fairness {
     /// The figures of a list of per-subscriber p99s (any order), with the spread by chance
-    /// when `pooled` (every sample of the window) is given; `None` when the list is empty.
-    pub fn of(subscribers: &[SubscriberP99], pooled: Option<&Histogram<u64>>) -> Option<Fairness> {
+    /// drawn from `pooled` (every sample of the window); `None` when the list is empty.
+    pub fn of(subscribers: &[SubscriberP99], pooled: &Histogram<u64>) -> Option<Fairness> {
         let mut v: Vec<u64> = subscribers.iter().map(|s| s.p99_us).collect();
         v.sort_unstable();
         let (&best, &worst) = (v.first()?, v.last()?);
@@ -96,8 +96,7 @@ impl Fairness {
             worst_p99_us: worst as f64,
             // A p99 of 0 µs only happens with clocks apart; 1 µs keeps the ratio finite.
             spread: worst as f64 / best.max(1) as f64,
-            spread_by_chance: pooled
-                .and_then(|h| spread_by_chance(subscribers.iter().map(|s| s.samples), h)),
+            spread_by_chance: spread_by_chance(subscribers.iter().map(|s| s.samples), pooled),
         })
     }
 }
@@ -183,23 +182,28 @@ mod tests {
 
     #[test]
     fn figures_of_a_known_list() {
-        let f = Fairness::of(&subs(&[900, 400, 600, 500, 800]), None).unwrap();
+        let f = Fairness::of(&subs(&[900, 400, 600, 500, 800]), &none()).unwrap();
         assert_eq!(f.subscribers, 5);
         assert_eq!(f.best_p99_us, 400.0);
         assert_eq!(f.median_p99_us, 600.0);
         assert_eq!(f.worst_p99_us, 900.0);
         assert_eq!(f.spread, 2.25);
         // Even count: the lower middle (nearest rank), like the pooled median.
-        let f = Fairness::of(&subs(&[40, 10, 30, 20]), None).unwrap();
+        let f = Fairness::of(&subs(&[40, 10, 30, 20]), &none()).unwrap();
         assert_eq!((f.median_p99_us, f.spread), (20.0, 4.0));
-        let one = Fairness::of(&subs(&[250]), None).unwrap();
+        let one = Fairness::of(&subs(&[250]), &none()).unwrap();
         assert_eq!(
             (one.best_p99_us, one.worst_p99_us, one.spread),
             (250.0, 250.0, 1.0)
         );
-        assert_eq!(Fairness::of(&[], None), None);
-        assert_eq!(Fairness::of(&subs(&[0, 7]), None).unwrap().spread, 7.0);
-        assert_eq!(f.spread_by_chance, None, "no pooled latencies given");
+        assert_eq!(Fairness::of(&[], &none()), None);
+        assert_eq!(Fairness::of(&subs(&[0, 7]), &none()).unwrap().spread, 7.0);
+        assert_eq!(f.spread_by_chance, None, "no pooled latency to draw from");
+    }
+
+    /// Pooled latencies without a sample.
+    fn none() -> Histogram<u64> {
+        pooled(&[])
     }
 
     fn pooled(values: &[(u64, u64)]) -> Histogram<u64> {
@@ -239,7 +243,7 @@ mod tests {
     #[test]
     fn the_spread_by_chance_rides_along_when_the_pooled_latencies_are_given() {
         let h = pooled(&[(100, 990_000), (10_000, 10_000)]);
-        let f = Fairness::of(&subs(&[120, 9_000]), Some(&h)).unwrap();
+        let f = Fairness::of(&subs(&[120, 9_000]), &h).unwrap();
         assert_eq!(f.spread, 75.0);
         assert_eq!(f.spread_by_chance, spread_by_chance([1000, 1000], &h));
         assert!(f.spread_by_chance.is_some());

@@ -937,10 +937,13 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        r.steps[0].fairness = Fairness::of(&subs(&[900, 400, 600, 500, 800]), None);
+        r.steps[0].fairness = Fairness::of(
+            &subs(&[900, 400, 600, 500, 800]),
+            &crate::stats::new_histogram(),
+        );
         let mut pooled = crate::stats::new_histogram();
         pooled.record_n(700, 10).unwrap();
-        r.steps[1].fairness = Fairness::of(&subs(&[1200, 1000]), Some(&pooled));
+        r.steps[1].fairness = Fairness::of(&subs(&[1200, 1000]), &pooled);
         let md = markdown(&r);
         assert!(
             md.contains(
@@ -955,7 +958,7 @@ mod tests {
         rare_tail.record_n(700, 990).unwrap();
         rare_tail.record_n(50_000, 10).unwrap();
         let step1 = r.steps[1].fairness.take();
-        r.steps[1].fairness = Fairness::of(&subs(&[1000; 20]), Some(&rare_tail));
+        r.steps[1].fairness = Fairness::of(&subs(&[1000; 20]), &rare_tail);
         let chance = r.steps[1]
             .fairness
             .as_ref()

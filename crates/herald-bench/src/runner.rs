@@ -490,7 +490,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let mut r = base_result(ctx, p, &snap, wall, my_cpu + worker_cpu);
     // One window, one collect: each subscriber's p99 covers the same time (the steps that
     // collect several times would list a subscriber once per collect).
-    r.fairness = Fairness::of(&snap.sub_p99, Some(&snap.latency));
+    r.fairness = Fairness::of(&snap.sub_p99, &snap.latency);
     r.server_cpu_cores = server_cores;
     r.publish_rate = (s1 - s0) as f64 / wall;
     r.publish_expected = p.rate;
