@@ -4,7 +4,8 @@
 //! (unpredictable between runs given a random seed) and the bench's seeded draws. One function
 //! is less than a dependency on `rand`.
 
-/// The mixed value of `x` (the generator's output for the state before `x + GOLDEN`).
+/// The mixed value of `x`: what the generator outputs when its state is `x` (it adds
+/// [`GOLDEN`], then mixes; the next state is `x + GOLDEN`).
 pub fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(GOLDEN);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
