@@ -18,6 +18,7 @@
 //! - [`report`]   — progress line, Markdown table, JSON, SVG plot.
 //! - [`spawn`]    — `--spawn`: a `herald serve` child, pinned apart from the bench.
 //! - [`sys`]      — CPU time, CPU affinity, open-file limit.
+//! - [`loopback`] — what a small loopback write costs on this machine now (in every report).
 //!
 //! The CLI wires it as `Command::Bench(herald_bench::BenchArgs) => herald_bench::run(args)`.
 //! See docs/bench.md for the flags, the scenario format and the JSON schema.
@@ -26,6 +27,7 @@ pub mod fairness;
 pub mod group;
 pub mod integrity;
 pub mod load;
+pub mod loopback;
 pub mod policy_sub;
 pub mod publish;
 pub mod report;
@@ -236,6 +238,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         std::fs::write(path, &scenario.server_config)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    // Before the server starts, so that its core is idle: the writer stands where herald will.
+    let pin = spawn && !args.no_pin && sys::machine_cores() >= 2;
+    let loopback_write_us =
+        tokio::task::spawn_blocking(move || loopback::write_cost_us(pin)).await?;
     let server = if spawn {
         let bin = args.spawn_bin.clone();
         let mut sargs = scenario.server_args.clone();
@@ -322,6 +328,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             mem_gib: sys::machine_mem_gib(),
             bench_cores,
             pinned,
+            loopback_write_us,
         },
         steps,
         summary,

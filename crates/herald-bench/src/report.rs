@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::fairness::Fairness;
+use crate::loopback;
 use crate::scenario::Kind;
 use crate::stats::Summary;
 
@@ -97,6 +98,10 @@ pub struct Machine {
     pub bench_cores: usize,
     /// Server on core 0, bench on core 1.
     pub pinned: bool,
+    /// CPU µs one small loopback write cost its writer just before the run (see
+    /// [`crate::loopback`]): the host's speed at what a server mostly does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loopback_write_us: Option<f64>,
 }
 
 /// The live progress line (a spinner on a terminal; a plain line every few seconds otherwise).
@@ -241,7 +246,7 @@ pub fn markdown(r: &RunReport) -> String {
     }
     let _ = writeln!(
         o,
-        "Machine: {} cores, {} GiB; bench on {} core(s){}; target {}{}.\n",
+        "Machine: {} cores, {} GiB; bench on {} core(s){}{}; target {}{}.\n",
         r.machine.cores,
         r.machine.mem_gib,
         r.machine.bench_cores,
@@ -250,6 +255,13 @@ pub fn markdown(r: &RunReport) -> String {
         } else {
             ""
         },
+        r.machine
+            .loopback_write_us
+            .map(|us| format!(
+                "; a {}-byte loopback write costs its writer {us:.1} µs of CPU now",
+                loopback::FRAME
+            ))
+            .unwrap_or_default(),
         r.target,
         if r.spawned { " (spawned)" } else { "" }
     );
@@ -874,6 +886,7 @@ mod tests {
                 mem_gib: 24,
                 bench_cores: 1,
                 pinned: true,
+                loopback_write_us: Some(7.9),
             },
             steps,
             summary: Default::default(),
@@ -889,6 +902,10 @@ mod tests {
         );
         assert!(md.contains("| 2,000 | 100,000 | 99,800 |"), "{md}");
         assert!(md.contains("bench's limit"));
+        assert!(
+            md.contains("a 96-byte loopback write costs its writer 7.9 µs of CPU now"),
+            "{md}"
+        );
         for k in [
             Kind::Filtering,
             Kind::ProxyLatency,

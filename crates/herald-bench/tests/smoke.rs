@@ -163,6 +163,8 @@ fn check(name: &str, v: &Value) {
         }
     }
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+    let write_us = v["machine"]["loopback_write_us"].as_f64().unwrap();
+    assert!(write_us > 0.0 && write_us < 1_000.0, "{write_us} µs");
 }
 
 #[test]
