@@ -1,0 +1,71 @@
+//! A publish on a topic nobody subscribes to (issue 4, target 5's discards): the topic found
+//! (or made, the first time), its message encoded and kept as the last value, the previous
+//! one let go. Over 1,000 topics all of that stays in the cache; over 100,000 (the filtering
+//! scenario's) each publish meets its topic's entry and state cold, as herald does under
+//! that load. The difference between the two is what the cache misses cost.
+//!
+//! `cargo bench -p herald-core --bench engine -- --warm-up-time 1 --measurement-time 3`
+
+use bytes::Bytes;
+use compact_str::CompactString;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use herald_core::engine::{Engine, EngineConfig, Outbox};
+use herald_core::wire::{Frame, PayloadKind, Publish};
+
+/// herald's allocator for the small blocks a publish makes (crates/herald/src/allocator.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Nobody is subscribed: nothing is ever sent.
+struct Nobody;
+
+impl Outbox for Nobody {
+    fn send(&self, _: &Frame) {}
+}
+
+/// The payload's size in the Solace scenarios.
+const PAYLOAD: usize = 50;
+/// Payloads per shared buffer: in herald a publish's payload is a slice of the read that
+/// brought it (16 KiB, a few hundred publishes), so letting a last value go drops a count on a
+/// buffer shared with its neighbours.
+const PER_READ: usize = 256;
+
+fn discards(c: &mut Criterion) {
+    let mut g = c.benchmark_group("discard");
+    g.throughput(Throughput::Elements(1));
+    for topics in [1_000usize, 100_000] {
+        let names: Vec<CompactString> = (0..topics)
+            .map(|i| CompactString::from(format!("nobody/{i}")))
+            .collect();
+        let mut engine = Engine::<Nobody>::new(EngineConfig::default(), 1);
+        let mut read = Bytes::new();
+        let mut n = 0usize;
+        let mut publish = |engine: &mut Engine<Nobody>| {
+            let k = n % PER_READ;
+            if k == 0 {
+                read = Bytes::from(vec![b'x'; PAYLOAD * PER_READ]);
+            }
+            let p = Publish {
+                id: None,
+                topic: names[n % topics].clone(),
+                payload: read.slice(k * PAYLOAD..(k + 1) * PAYLOAD),
+                kind: PayloadKind::Text,
+                content_type: None,
+                stamp: true,
+            };
+            n += 1;
+            engine.publish(&p, n as u64).expect("a valid publish");
+        };
+        // Every topic made and holding a last value before the clock starts.
+        for _ in 0..topics {
+            publish(&mut engine);
+        }
+        g.bench_function(format!("{topics}_topics"), |b| {
+            b.iter(|| publish(&mut engine))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, discards);
+criterion_main!(benches);
