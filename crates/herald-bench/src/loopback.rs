@@ -1,11 +1,9 @@
 //! What one small write over loopback costs the writing thread's CPU on this machine, now.
 //!
 //! On loopback the kernel does the receiver's TCP work inside the writer's system call, so a
-//! server's cost per delivery is mostly this figure; and on a shared virtual machine it moves
-//! from hour to hour while user-space speed does not (bench/RESULTS.md, session 10: 8 µs
-//! across cores in a slow hour, with herald's system time per delivery at 8.2–8.6 µs; 2.2 µs
-//! with writer and reader on one core). Every report carries it, measured just before the run,
-//! so that runs on a slow and a quick host can be told apart.
+//! server's cost per delivery is mostly this figure, and on a shared virtual machine it moves
+//! while user-space speed does not (bench/RESULTS.md, session 10). Every report carries it,
+//! measured just before the run, so that runs on a slow and a quick host can be told apart.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
