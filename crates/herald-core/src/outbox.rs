@@ -285,7 +285,13 @@ impl OutboundQueue {
             );
         }
         self.base += self.slots.len() as u64;
-        for entry in self.slots.drain(..).flatten() {
+        // Popped one by one: `drain(..).flatten()`'s adaptors cost ~100 instructions a call to
+        // set up and drop, empty queue or not (a direct write drains twice: 2,220 → 2,021
+        // instructions per delivery, bench/callgrind.sh).
+        while let Some(slot) = self.slots.pop_front() {
+            let Some(entry) = slot else {
+                continue; // a dropped message's hole
+            };
             if let Some(topic) = &entry.topic {
                 if let Some(state) = self.conflated.get_mut(topic) {
                     state.queued = None;
