@@ -18,6 +18,7 @@ use herald_core::prefetch::prefetch;
 use herald_core::wire::{self, Frame};
 use parking_lot::Mutex;
 use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -336,8 +337,9 @@ impl Connection {
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
 fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::Result<()> {
-    // Slices per system call. A direct write rarely has more than a few frames, and the array
-    // is initialised at every call.
+    // Slices per system call: a direct write rarely has more than a few frames. The array's
+    // unused room is left uninitialised: filling all 32 first was ~90 instructions per write
+    // (callgrind), more than the rest of this function.
     const MAX_SLICES: usize = 32;
     let mut sent = 0;
     let result = loop {
@@ -345,13 +347,15 @@ fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::
             break Ok(());
         }
         let written = {
-            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-            let n = slices
-                .iter_mut()
-                .zip(io_slices(&frames[sent..]))
-                .map(|(slot, s)| *slot = s)
-                .count();
-            socket.send(&slices[..n])
+            let mut room = [MaybeUninit::<IoSlice>::uninit(); MAX_SLICES];
+            let mut n = 0;
+            for (slot, slice) in room.iter_mut().zip(io_slices(&frames[sent..])) {
+                slot.write(slice);
+                n += 1;
+            }
+            // SAFETY: the first `n` slots were written just above.
+            let slices = unsafe { std::slice::from_raw_parts(room.as_ptr().cast::<IoSlice>(), n) };
+            socket.send(slices)
         };
         match written {
             Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
@@ -517,6 +521,26 @@ mod tests {
                 queued.len()
             );
         }
+    }
+
+    /// A direct write of many frames (bodies empty and not, so some frames give one slice and
+    /// some two) takes several system calls of at most `MAX_SLICES` slices each; a real socket
+    /// receives every byte, in order.
+    #[tokio::test]
+    async fn a_direct_write_sends_every_frame_in_order() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let (_read, write) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
+        let socket = DirectSocket::new(write);
+        let (frames, expected) = numbered_frames(500, 3);
+        let mut queued = frames.clone();
+        write_without_waiting(&socket, &mut queued).unwrap();
+        assert!(queued.is_empty(), "{} frames left", queued.len());
+        let mut got = vec![0; expected.len()];
+        std::io::Read::read_exact(&mut peer, &mut got).unwrap();
+        assert_eq!(got, expected);
     }
 
     #[tokio::test]
