@@ -239,7 +239,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     // Before the server starts, so that its core is idle: the writer stands where herald will.
-    let pin = spawn && !args.no_pin && sys::machine_cores() >= 2;
+    let pin = spawn && spawn::pins(!args.no_pin);
     let loopback_write_us =
         tokio::task::spawn_blocking(move || loopback::write_cost_us(pin)).await?;
     let server = if spawn {

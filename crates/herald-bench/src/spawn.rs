@@ -24,6 +24,12 @@ pub struct Server {
     pub pinned: bool,
 }
 
+/// Whether a spawned server and the bench are pinned apart when `asked`: only with two cores
+/// or more (the server on core 0, the bench on core 1).
+pub fn pins(asked: bool) -> bool {
+    asked && sys::machine_cores() >= 2
+}
+
 impl Server {
     pub fn url(&self) -> String {
         format!("ws://{}/ws", self.addr)
@@ -50,7 +56,7 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)
             .stderr(logf);
-        let pinned = pin && sys::machine_cores() >= 2;
+        let pinned = pins(pin);
         if pinned {
             // SAFETY: the hook only calls sched_setaffinity, which is async-signal-safe.
             unsafe {
