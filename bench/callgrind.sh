@@ -11,11 +11,13 @@
 # LOAD=ingest measures taking messages in alone: one publisher sending 16-byte text round-robin
 # over 1,000 topics at RATE (default 5,000) msg/s and no subscriber (bench/scenarios/
 # conflation.toml with clients = 0); LOAD=conflate adds its one `conflate`, max_rate = 2
-# subscriber on every topic. Both print instructions per message published.
+# subscriber on every topic. LOAD=discard is ingest with the topics keeping only their last
+# value, as the filtering scenario's unsubscribed topics do (issue 4, target 5: a discard).
+# All three print instructions per message published.
 #
 # Usage: bench/callgrind.sh [HERALD_BIN]   (default target/release/herald)
 #        SHORT=5 LONG=15 RATE=300 PORT=18091 bench/callgrind.sh
-#        LOAD=ingest bench/callgrind.sh   or LOAD=conflate
+#        LOAD=ingest bench/callgrind.sh   or LOAD=conflate, LOAD=discard
 #        KEEP=DIR bench/callgrind.sh   keeps the callgrind profiles (callgrind_annotate DIR/…)
 # Prints one Markdown table row; commit it in bench/RESULTS.md with the commit it measured.
 set -euo pipefail
@@ -27,8 +29,8 @@ long="${LONG:-15}"
 load="${LOAD:-fanout}"
 case "$load" in
   fanout) rate="${RATE:-300}" ;;
-  ingest | conflate) rate="${RATE:-5000}" ;;
-  *) echo "LOAD must be fanout, ingest or conflate, not $load" >&2; exit 2 ;;
+  ingest | conflate | discard) rate="${RATE:-5000}" ;;
+  *) echo "LOAD must be fanout, ingest, conflate or discard, not $load" >&2; exit 2 ;;
 esac
 port="${PORT:-18091}"
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
@@ -55,6 +57,9 @@ run() {
   # herald's per-connection frame limit (100,000/s by default) is lifted, as the conflation
   # scenario does, so that a publisher is never throttled.
   printf '[limits]\nmax_messages_per_sec = 0\nmax_bytes_per_sec = 0\n' >"$work/herald.toml"
+  if [ "$load" = discard ]; then
+    printf '[[history]]\npattern = ">"\nmax_messages = 0\n' >>"$work/herald.toml"
+  fi
   taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no \
     "$herald" serve --listen "127.0.0.1:$port" --log warn --config "$work/herald.toml" \
     >"$work/valgrind.$1.log" 2>&1 &

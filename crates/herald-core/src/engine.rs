@@ -64,6 +64,20 @@ pub struct HistoryRule {
 }
 
 impl HistoryRule {
+    /// A rule under which the topics `pattern` matches keep only their last value.
+    pub fn last_value_only(pattern: &str) -> Self {
+        HistoryRule {
+            pattern: pattern.into(),
+            max_messages: 0,
+            ..HistoryRule::default()
+        }
+    }
+
+    /// Whether topics under this rule keep messages for recovery, not only the last value.
+    pub fn keeps_messages(&self) -> bool {
+        self.max_messages > 0
+    }
+
     fn default_messages() -> usize {
         32
     }
@@ -136,8 +150,6 @@ pub struct Published {
     pub seq: u64,
     /// Connections the message was handed to.
     pub deliveries: usize,
-    /// Bytes of the shared frame each of them was handed.
-    pub frame_len: usize,
     /// `lossless` subscribers that had granted no more credit: the message could not go to them
     /// without exceeding their window, so their subscriptions were removed ([`Engine::detach`]);
     /// the caller closes their connections.
@@ -145,7 +157,7 @@ pub struct Published {
 }
 
 /// One topic as [`Engine::topics`] shows it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct TopicView<'a> {
     pub name: &'a str,
     /// The last sequence number given out (0 before the first message of the epoch).
@@ -155,8 +167,15 @@ pub struct TopicView<'a> {
     pub subscribers: usize,
     /// Messages held for `since` recovery.
     pub history: usize,
-    /// The last message's frame, exactly as a snapshot delivers it.
-    pub last: Option<&'a Frame>,
+    state: &'a TopicState,
+}
+
+impl TopicView<'_> {
+    /// The last message's frame, exactly as a snapshot delivers it (encoded now if it was
+    /// kept unencoded: asked for only by those who show it).
+    pub fn last(&self) -> Option<Frame> {
+        self.state.last_frame()
+    }
 }
 
 /// One subscription of a connection. Kept small: a connection may hold hundreds, and at 100
@@ -481,7 +500,7 @@ impl<O: Outbox> Engine<O> {
                 epoch: &t.epoch,
                 subscribers: conns.len(),
                 history: t.history.len(),
-                last: t.last.as_ref(),
+                state: t,
             }
         })
     }
@@ -591,7 +610,6 @@ impl<O: Outbox> Engine<O> {
             let published = Published {
                 seq,
                 deliveries: 0,
-                frame_len: 0,
                 cut: Vec::new(),
             };
             return Ok(RemotePublished { published, missed });
@@ -665,19 +683,40 @@ impl<O: Outbox> Engine<O> {
         let state = self.topics.entry(config, &p.topic, numbering);
         state.prefetch_oldest();
         state.seq += 1;
+        let seq = state.seq;
+        self.publish_count += 1;
+        let generation = self.publish_count;
+        let mut matched = std::mem::take(&mut self.matched);
+        self.index.for_each_match(&p.topic, |id| matched.push(id));
+        let history = state.rule.map(|i| &config.history[i]);
+        if matched.is_empty() && !history.is_some_and(HistoryRule::keeps_messages) {
+            // Nobody to send it to, no history to keep it in: a discard, whose frame would be
+            // needed only if someone asked for the last value. Kept as published instead.
+            state.last = Some(Last::Unencoded(Unencoded {
+                seq,
+                timestamp_us: p.stamp.then_some(now_us),
+                kind: p.kind,
+                content_type: p.content_type.clone(),
+                payload: p.payload.clone(),
+            }));
+            self.matched = matched;
+            return Published {
+                seq,
+                deliveries: 0,
+                cut: Vec::new(),
+            };
+        }
         let default = state.policy_rule.map_or((Policy::Disconnect, None), |i| {
             (config.policy[i].policy, config.policy[i].max_rate)
         });
         let rule = state.policy_rule;
         let meta = MessageMeta {
             head: &state.head,
-            seq: state.seq,
+            seq,
             content_type: p.content_type.as_deref(),
             timestamp_us: p.stamp.then_some(now_us),
         };
         let frame = wire::encode_message(&meta, p.kind, &p.payload);
-        let seq = state.seq;
-        let history = state.rule.map(|i| &config.history[i]);
         if let Some(history) = history {
             state.trim_by_age(history, now_us);
         }
@@ -692,8 +731,6 @@ impl<O: Outbox> Engine<O> {
         // Borrowed, not cloned: the fan-out below touches other fields only.
         let name = &state.name;
 
-        self.publish_count += 1;
-        let generation = self.publish_count;
         let conns = &mut self.conns;
         let mut deliveries = 0;
         let mut cut = Vec::new();
@@ -701,8 +738,6 @@ impl<O: Outbox> Engine<O> {
         // many connections each one's state is out of the cache, and a miss per subscriber,
         // one after the other, would cost more than the rest of the delivery. Asked for
         // together, the misses overlap.
-        let mut matched = std::mem::take(&mut self.matched);
-        self.index.for_each_match(&p.topic, |id| matched.push(id));
         for &id in &matched {
             prefetch(&conns[id as usize], size_of::<Option<Conn<O>>>());
         }
@@ -746,7 +781,6 @@ impl<O: Outbox> Engine<O> {
         Published {
             seq,
             deliveries,
-            frame_len: frame.len(),
             cut,
         }
     }
@@ -939,8 +973,8 @@ impl<O: Outbox> Engine<O> {
             return self
                 .topics
                 .get(pattern)
-                .and_then(|t| t.last.clone())
                 .filter(|_| !skip.contains_key(pattern))
+                .and_then(|t| t.last_frame())
                 .into_iter()
                 .collect();
         }
@@ -954,7 +988,7 @@ impl<O: Outbox> Engine<O> {
         found.sort_by(|a, b| a.0.cmp(b.0));
         found
             .into_iter()
-            .filter_map(|(_, t)| t.last.clone())
+            .filter_map(|(_, t)| t.last_frame())
             .collect()
     }
 
@@ -990,6 +1024,6 @@ impl<O: Outbox> Engine<O> {
 mod cluster;
 mod topics;
 
-use topics::{Numbering, Stored, Topics};
+use topics::{Last, Numbering, Stored, TopicState, Topics, Unencoded};
 #[cfg(test)]
 mod tests;

@@ -188,7 +188,7 @@ async fn topics(
                 "subscribers": t.subscribers,
                 "history": t.history,
                 "rate": rates.rates.get(t.name).copied().unwrap_or(0.0),
-                "last": t.last.map(preview),
+                "last": t.last().as_ref().map(preview),
             })
         })
         .collect();

@@ -502,7 +502,7 @@ fn topics_view_counts_each_subscribing_connection_once() {
     views.sort();
     assert_eq!(views, [("other", 1, 0, 1), ("q/fx/x", 2, 2, 2)]);
     let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
-    assert_eq!(frame_json(view.last.unwrap())["data"], "2");
+    assert_eq!(frame_json(&view.last().unwrap())["data"], "2");
     e.disconnect(b);
     let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
     assert_eq!(view.subscribers, 1);
@@ -753,4 +753,60 @@ fn a_connections_only_subscription_sets_its_policy() {
     assert!(!e.is_held("t/x", 1));
     publish(&mut e, "t/x", "1");
     assert!(e.is_held("t/x", 1), "its window of one message is spent");
+}
+
+/// A topic that keeps only its last value and has no subscriber keeps a message unencoded
+/// (a discard need not encode): what a snapshot later sends must be, byte for byte, the frame
+/// a subscriber would have been sent at the time.
+#[test]
+fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
+    let config = EngineConfig {
+        history: vec![HistoryRule::last_value_only(">")],
+        ..EngineConfig::default()
+    };
+    let publishes = [
+        text("t/plain", "1"),
+        Publish {
+            content_type: Some("text/csv".into()),
+            stamp: true,
+            ..text("t/typed", "a,\"b\"\n")
+        },
+        Publish {
+            kind: PayloadKind::Binary,
+            content_type: Some("image/fits".into()),
+            payload: Bytes::from_static(&[0, 159, 146, 150]),
+            ..text("t/binary", "")
+        },
+    ];
+    // `live` has a subscriber on every topic when each message is published; `idle` has none
+    // until afterwards. Both number the same topics in the same order, so epochs agree.
+    let mut live = Engine::new(config.clone(), 7);
+    let (watcher, sent) = client(&mut live);
+    req(&mut live, watcher, r#"{"op":"sub","topic":">"}"#, 0).unwrap();
+    sent.frames(); // the `subscribed` reply
+    let mut idle = Engine::new(config, 7);
+    for (i, p) in publishes.iter().enumerate() {
+        let now = 1_000 + i as u64;
+        assert_eq!(live.publish(p, now).unwrap().deliveries, 1);
+        assert_eq!(idle.publish(p, now).unwrap().deliveries, 0);
+    }
+    let (late, snapshot) = client(&mut idle);
+    req(
+        &mut idle,
+        late,
+        r#"{"op":"sub","topic":">","snapshot":true}"#,
+        0,
+    )
+    .unwrap();
+    let mut got = snapshot.frames();
+    got.remove(0); // the `subscribed` reply
+                   // A snapshot sends topics by name; they were published in another order.
+    let sorted = |frames: Vec<Frame>| {
+        let mut bytes: Vec<_> = frames.iter().map(Frame::to_vec).collect();
+        bytes.sort();
+        bytes
+    };
+    assert_eq!(sorted(got), sorted(sent.frames()));
+    let view = idle.topics().find(|t| t.name == "t/typed").unwrap();
+    assert_eq!(frame_json(&view.last().unwrap())["ct"], "text/csv");
 }
