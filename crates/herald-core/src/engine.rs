@@ -489,13 +489,13 @@ impl<O: Outbox> Engine<O> {
     /// request, not the publish path.
     pub fn topics(&self) -> impl Iterator<Item = TopicView<'_>> {
         let mut conns = Vec::new();
-        self.topics.iter().map(move |(name, t)| {
+        self.topics.iter().map(move |t| {
             conns.clear();
-            self.index.for_each_match(name, |c| conns.push(c));
+            self.index.for_each_match(&t.name, |c| conns.push(c));
             conns.sort_unstable();
             conns.dedup();
             TopicView {
-                name,
+                name: &t.name,
                 seq: t.seq,
                 epoch: &t.epoch,
                 subscribers: conns.len(),
@@ -981,15 +981,12 @@ impl<O: Outbox> Engine<O> {
         let mut found: Vec<_> = self
             .topics
             .iter()
-            .filter(|(name, t)| {
-                t.last.is_some() && !skip.contains_key(&***name) && topic::matches(pattern, name)
+            .filter(|t| {
+                t.last.is_some() && !skip.contains_key(&*t.name) && topic::matches(pattern, &t.name)
             })
             .collect();
-        found.sort_by(|a, b| a.0.cmp(b.0));
-        found
-            .into_iter()
-            .filter_map(|(_, t)| t.last_frame())
-            .collect()
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        found.into_iter().filter_map(|t| t.last_frame()).collect()
     }
 
     fn unsubscribe(

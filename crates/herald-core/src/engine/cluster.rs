@@ -9,6 +9,7 @@ use super::{Engine, Numbering, Outbox, Stored};
 use crate::topic;
 use crate::wire::{self, MessageMeta, Publish, Subscribe};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A message read back from a durable store, with the numbers its origin node gave it.
 #[derive(Clone, Debug)]
@@ -148,8 +149,8 @@ impl<O: Outbox> Engine<O> {
     pub fn local_positions(&self) -> Vec<(String, String, u64)> {
         self.topics
             .iter()
-            .filter(|(_, t)| !t.foreign && t.seq > 0)
-            .map(|(name, t)| (name.to_string(), t.epoch.clone(), t.seq))
+            .filter(|t| !t.foreign && t.seq > 0)
+            .map(|t| (t.name.to_string(), t.epoch.clone(), t.seq))
             .collect()
     }
 
@@ -182,15 +183,15 @@ impl<O: Outbox> Engine<O> {
         let Some(counts) = self.interest.as_ref() else {
             return;
         };
-        let stale: Vec<Box<str>> = self
+        let stale: Vec<Arc<str>> = self
             .topics
             .iter()
-            .filter(|(name, t)| {
+            .filter(|t| {
                 t.foreign
-                    && topic::matches(pattern, name)
-                    && !counts.keys().any(|p| topic::matches(p, name))
+                    && topic::matches(pattern, &t.name)
+                    && !counts.keys().any(|p| topic::matches(p, &t.name))
             })
-            .map(|(name, _)| name.clone())
+            .map(|t| t.name.clone())
             .collect();
         for name in stale {
             self.topics.remove(&name);

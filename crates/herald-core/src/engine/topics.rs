@@ -1,9 +1,9 @@
 //! The topics an engine holds: each one's numbering (epoch, seq), history and last value, and
 //! the map that finds them by name.
 //!
-//! Every publish looks its topic up here once, so the map hashes with foldhash (like the
-//! subscription index) and finds-or-creates in a single probe (`raw_entry_mut`): std's `HashMap`
-//! needs a second lookup to create on a miss without cloning the name on every hit.
+//! Every publish looks its topic up here once, so the table hashes with foldhash (like the
+//! subscription index) and finds-or-creates in a single probe (`HashTable::entry`): std's
+//! `HashMap` needs a second lookup to create on a miss without cloning the name on every hit.
 
 use super::{EngineConfig, HistoryRule};
 use crate::mix::splitmix64;
@@ -11,7 +11,9 @@ use crate::prefetch::prefetch;
 use crate::topic;
 use crate::wire::{self, Frame, MessageHead, MessageMeta, PayloadKind};
 use bytes::Bytes;
+use compact_str::CompactString;
 use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 pub(super) struct Stored {
@@ -39,6 +41,9 @@ pub(super) struct Unencoded {
 }
 
 pub(super) struct TopicState {
+    /// The name again, where a lookup compares it: inline up to 24 bytes, so that finding a
+    /// topic reads the state's first line and no other allocation.
+    key: CompactString,
     /// The name, shared with every queued delivery of this topic.
     pub name: Arc<str>,
     /// Index into `EngineConfig::policy`: the topic's default slow-consumer policy.
@@ -162,16 +167,19 @@ pub(super) enum Numbering {
     Origin,
 }
 
-/// Each topic's state is boxed, out of the table: inline it made every bucket 248 bytes, so a
-/// lookup among 100,000 topics (30 MB) missed the cache twice, on the control bytes and on the
-/// bucket. Boxed, a bucket is 24 bytes and the table (2.4 MB for 100,000 topics, 480 KB for
-/// 20,000) stays in the cache; only the state itself is a miss.
-type TopicMap = hashbrown::HashMap<Box<str>, Box<TopicState>, foldhash::fast::RandomState>;
-const _: () = assert!(std::mem::size_of::<(Box<str>, Box<TopicState>)>() == 24);
+/// Each topic's state is boxed, out of the table, and holds the topic's name: a bucket is one
+/// pointer, so the table for 100,000 topics is 1 MB (and 128 KB of control bytes). Inline, the
+/// state made every bucket 248 bytes (30 MB: two misses a lookup). With the name as a map key
+/// beside the state's box, a bucket was 24 bytes, and loading it was 64% of a discard's lookup
+/// (perf, the filtering load; the state's first line 5%); one pointer a bucket took herald
+/// from 0.66-0.92 to 0.78-1.24 M discards/s (bench/RESULTS.md, session 11).
+type TopicMap = hashbrown::HashTable<Box<TopicState>>;
+const _: () = assert!(std::mem::size_of::<Box<TopicState>>() == 8);
 
 /// Topic states by name, and what gives each new numbering its epoch.
 pub(super) struct Topics {
     map: TopicMap,
+    hasher: foldhash::fast::RandomState,
     /// Makes epochs differ between runs (the server passes a random number; tests a fixed one).
     epoch_seed: u64,
     /// Epochs handed out so far.
@@ -181,7 +189,8 @@ pub(super) struct Topics {
 impl Topics {
     pub fn new(epoch_seed: u64) -> Self {
         Topics {
-            map: TopicMap::default(),
+            map: TopicMap::new(),
+            hasher: foldhash::fast::RandomState::default(),
             epoch_seed,
             epochs: 0,
         }
@@ -197,6 +206,7 @@ impl Topics {
     ) -> &mut TopicState {
         let Topics {
             map,
+            hasher,
             epoch_seed,
             epochs,
         } = self;
@@ -204,9 +214,12 @@ impl Topics {
             *epochs += 1;
             new_epoch(*epoch_seed, *epochs)
         };
-        let (_, state) = map.raw_entry_mut().from_key(name).or_insert_with(|| {
+        let hash = hasher.hash_one(name);
+        let entry = map.entry(hash, |s| s.key == name, |s| hasher.hash_one(s.key.as_str()));
+        let state = entry.or_insert_with(|| {
             let epoch = next_epoch();
             let state = TopicState {
+                key: name.into(),
                 name: name.into(),
                 policy_rule: policy_rule(config, name),
                 seq: 0,
@@ -223,8 +236,9 @@ impl Topics {
                 remote_at: 0,
                 oldest_bytes: 0,
             };
-            (name.into(), Box::new(state))
+            Box::new(state)
         });
+        let state = state.into_mut();
         if numbering == Numbering::Local && state.foreign {
             state.restart(next_epoch(), 0, false);
         }
@@ -232,23 +246,28 @@ impl Topics {
     }
 
     pub fn get(&self, name: &str) -> Option<&TopicState> {
-        self.map.get(name).map(|state| &**state)
+        let hash = self.hasher.hash_one(name);
+        self.map.find(hash, |s| s.key == name).map(|s| &**s)
     }
 
     pub fn get_mut(&mut self, name: &str) -> Option<&mut TopicState> {
-        self.map.get_mut(name).map(|state| &mut **state)
+        let hash = self.hasher.hash_one(name);
+        self.map.find_mut(hash, |s| s.key == name).map(|s| &mut **s)
     }
 
     pub fn remove(&mut self, name: &str) {
-        self.map.remove(name);
+        let hash = self.hasher.hash_one(name);
+        if let Ok(found) = self.map.find_entry(hash, |s| s.key == name) {
+            found.remove();
+        }
     }
 
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Box<str>, &TopicState)> {
-        self.map.iter().map(|(name, state)| (name, &**state))
+    pub fn iter(&self) -> impl Iterator<Item = &TopicState> {
+        self.map.iter().map(|state| &**state)
     }
 }
 
@@ -318,5 +337,30 @@ mod tests {
         assert_eq!(held(s), [10]);
         assert_eq!(s.oldest_bytes, s.history[0].frame.head.as_ptr().addr());
         assert_eq!(s.last_frame().map(|f| f.len()), Some(12));
+    }
+
+    /// The table is keyed by the name each state holds: every topic is found by its own name
+    /// after the table has grown many times over, names longer than the inline 24 bytes
+    /// included, and removing one leaves the others.
+    #[test]
+    fn topics_are_found_by_name_through_growth_and_removal() {
+        let config = EngineConfig::default();
+        let mut topics = Topics::new(1);
+        let name = |i: usize| format!("t/{i}/{}", "x".repeat(i % 40));
+        for i in 0..5_000 {
+            topics.entry(&config, &name(i), Numbering::Local).seq = i as u64;
+        }
+        assert_eq!(topics.len(), 5_000);
+        topics.remove(&name(7));
+        topics.remove("never/made");
+        assert_eq!(topics.len(), 4_999);
+        assert!(topics.get(&name(7)).is_none());
+        for i in (0..5_000).filter(|&i| i != 7) {
+            let state = topics.get(&name(i)).expect("every other topic stays");
+            assert_eq!((&*state.name, state.seq), (name(i).as_str(), i as u64));
+        }
+        // Found again, not made again: the numbering goes on.
+        assert_eq!(topics.entry(&config, &name(9), Numbering::Local).seq, 9);
+        assert_eq!(topics.len(), 4_999);
     }
 }
