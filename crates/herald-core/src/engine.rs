@@ -692,13 +692,7 @@ impl<O: Outbox> Engine<O> {
         if matched.is_empty() && !history.is_some_and(HistoryRule::keeps_messages) {
             // Nobody to send it to, no history to keep it in: a discard, whose frame would be
             // needed only if someone asked for the last value. Kept as published instead.
-            state.last = Some(Last::Unencoded(Unencoded {
-                seq,
-                timestamp_us: p.stamp.then_some(now_us),
-                kind: p.kind,
-                content_type: p.content_type.clone(),
-                payload: p.payload.clone(),
-            }));
+            state.last = Some(Last::Unencoded(Unencoded::of(p, seq, now_us)));
             self.matched = matched;
             return Published {
                 seq,

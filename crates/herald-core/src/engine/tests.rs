@@ -766,6 +766,7 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
     };
     let publishes = [
         text("t/plain", "1"),
+        text("t/long", &"long ".repeat(40)),
         Publish {
             content_type: Some("text/csv".into()),
             stamp: true,
@@ -809,4 +810,40 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
     assert_eq!(sorted(got), sorted(sent.frames()));
     let view = idle.topics().find(|t| t.name == "t/typed").unwrap();
     assert_eq!(frame_json(&view.last().unwrap())["ct"], "text/csv");
+}
+
+/// A text payload is a slice of the read that brought it (its frame's bytes): a last value kept
+/// unencoded keeps a copy, in the topic's state when small, or one quiet topic would keep a
+/// whole read buffer alive.
+#[test]
+fn a_last_value_kept_unencoded_holds_no_part_of_the_read() {
+    let mut e: Engine<Inbox> = Engine::new(
+        EngineConfig {
+            history: vec![HistoryRule::last_value_only(">")],
+            ..EngineConfig::default()
+        },
+        1,
+    );
+    let read = Bytes::from(vec![b'x'; 16 << 10]);
+    let within = read.as_ptr_range();
+    for (topic, len) in [("small", 50), ("larger", 1_000)] {
+        let p = Publish {
+            payload: read.slice(100..100 + len),
+            ..text(topic, "")
+        };
+        e.publish(&p, 1).unwrap();
+        let Some(Last::Unencoded(kept)) = &e.topic_state(topic).last else {
+            panic!("kept unencoded");
+        };
+        let small = matches!(kept.payload, topics::KeptPayload::Inline { .. });
+        assert_eq!(small, len == 50, "{topic}: inline only when small");
+        let bytes = kept.payload.to_bytes();
+        assert_eq!(bytes, p.payload);
+        if let topics::KeptPayload::Detached(own) = &kept.payload {
+            assert!(
+                !within.contains(&own.as_ptr()),
+                "{topic}: a copy of its own"
+            );
+        }
+    }
 }

@@ -15,6 +15,16 @@ use std::fmt;
 /// the whole read buffer alive. A larger frame was read into a buffer reserved for it.
 const COPY_BELOW: usize = 64 << 10;
 
+/// `payload` fit to be kept after its request: below [`COPY_BELOW`] a copy of its own, which
+/// frees the read buffer it may be a slice of (a text payload always is: a slice of its frame).
+pub fn detached(payload: &Bytes) -> Bytes {
+    if payload.len() < COPY_BELOW {
+        Bytes::copy_from_slice(payload)
+    } else {
+        payload.clone()
+    }
+}
+
 /// What a client sent: a whole message, or a control frame.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Inbound {
