@@ -223,7 +223,7 @@ pub(super) enum Numbering {
 /// state made every bucket 248 bytes (30 MB: two misses a lookup). With the name as a map key
 /// beside the state's box, a bucket was 24 bytes, and loading it was 64% of a discard's lookup
 /// (perf, the filtering load; the state's first line 5%); one pointer a bucket took herald
-/// from 0.66-0.92 to 0.78-1.24 M discards/s (bench/RESULTS.md, session 11).
+/// from 0.66-0.92 to 0.71-1.24 M discards/s (bench/RESULTS.md, session 11).
 type TopicMap = hashbrown::HashTable<Box<TopicState>>;
 const _: () = assert!(std::mem::size_of::<Box<TopicState>>() == 8);
 const _: () = assert!(std::mem::size_of::<TopicState>() <= 320);
