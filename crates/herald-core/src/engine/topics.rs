@@ -93,7 +93,7 @@ impl KeptPayload {
 
 pub(super) struct TopicState {
     /// The name again, where a lookup compares it: inline up to 24 bytes, so that finding a
-    /// topic reads the state's first line and no other allocation.
+    /// topic reads its state and no other allocation.
     key: CompactString,
     /// The name, shared with every queued delivery of this topic.
     pub name: Arc<str>,
@@ -266,8 +266,8 @@ impl Topics {
             *epochs += 1;
             new_epoch(*epoch_seed, *epochs)
         };
-        let hash = hasher.hash_one(name);
-        let entry = map.entry(hash, |s| s.key == name, |s| hasher.hash_one(s.key.as_str()));
+        let (hash, named) = probe(hasher, name);
+        let entry = map.entry(hash, named, |s| hasher.hash_one(s.key.as_str()));
         let state = entry.or_insert_with(|| {
             let epoch = next_epoch();
             let state = TopicState {
@@ -298,18 +298,18 @@ impl Topics {
     }
 
     pub fn get(&self, name: &str) -> Option<&TopicState> {
-        let hash = self.hasher.hash_one(name);
-        self.map.find(hash, |s| s.key == name).map(|s| &**s)
+        let (hash, named) = probe(&self.hasher, name);
+        self.map.find(hash, named).map(|s| &**s)
     }
 
     pub fn get_mut(&mut self, name: &str) -> Option<&mut TopicState> {
-        let hash = self.hasher.hash_one(name);
-        self.map.find_mut(hash, |s| s.key == name).map(|s| &mut **s)
+        let (hash, named) = probe(&self.hasher, name);
+        self.map.find_mut(hash, named).map(|s| &mut **s)
     }
 
     pub fn remove(&mut self, name: &str) {
-        let hash = self.hasher.hash_one(name);
-        if let Ok(found) = self.map.find_entry(hash, |s| s.key == name) {
+        let (hash, named) = probe(&self.hasher, name);
+        if let Ok(found) = self.map.find_entry(hash, named) {
             found.remove();
         }
     }
@@ -321,6 +321,14 @@ impl Topics {
     pub fn iter(&self) -> impl Iterator<Item = &TopicState> {
         self.map.iter().map(|state| &**state)
     }
+}
+
+/// Where the table looks for topic `name`: its hash, and the test of a state found there.
+fn probe<'a>(
+    hasher: &foldhash::fast::RandomState,
+    name: &'a str,
+) -> (u64, impl Fn(&Box<TopicState>) -> bool + 'a) {
+    (hasher.hash_one(name), move |s| s.key == name)
 }
 
 /// The epoch of the `n`th numbering an engine started.
