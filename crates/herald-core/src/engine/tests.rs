@@ -791,6 +791,14 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
         assert_eq!(live.publish(p, now).unwrap().deliveries, 1);
         assert_eq!(idle.publish(p, now).unwrap().deliveries, 0);
     }
+    for p in &publishes {
+        let state = idle.topic_state(&p.topic);
+        assert!(
+            matches!(state.last, Some(Last::Unencoded(_))),
+            "{}",
+            p.topic
+        );
+    }
     let (late, snapshot) = client(&mut idle);
     req(
         &mut idle,

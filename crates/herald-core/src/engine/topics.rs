@@ -225,7 +225,7 @@ pub(super) enum Numbering {
 /// (perf, the filtering load; the state's first line 5%); one pointer a bucket took herald
 /// from 0.66-0.92 to 0.71-1.24 M discards/s (bench/RESULTS.md, session 11).
 type TopicMap = hashbrown::HashTable<Box<TopicState>>;
-const _: () = assert!(std::mem::size_of::<Box<TopicState>>() == 8);
+/// The size class the states are allocated in (see [`INLINE`]).
 const _: () = assert!(std::mem::size_of::<TopicState>() <= 320);
 
 /// Topic states by name, and what gives each new numbering its epoch.
