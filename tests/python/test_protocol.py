@@ -583,6 +583,52 @@ async def test_snapshot_excepts_topics_named_in_since(herald):
     await pub.close()
 
 
+@pytest.fixture(scope="module")
+def last_value_only():
+    """A herald whose `lv/` topics keep only their last value, as the filtering scenario's
+    unsubscribed topics do: a message nobody receives there is kept as published."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = os.path.join(tmp, "herald.toml")
+        with open(config, "w") as f:
+            f.write('[[history]]\npattern = "lv/>"\nmax_messages = 0\n')
+        server = Herald("--config", config)
+        yield server
+        server.stop_and_check()
+
+
+@run_async
+async def test_snapshot_of_messages_nobody_received_carries_them_whole(last_value_only):
+    pub = await connect(last_value_only)
+    await publish(pub, "lv/text", "older", id=1)
+    before = time.time_ns() // 1000
+    text = await publish(pub, "lv/text", 'a "quoted"\nline', id=2, ct="text/plain", stamp=True)
+    long = await publish(pub, "lv/long", "é" * 600, id=3)  # past what is kept inline
+    image = bytes(range(256)) * 3
+    header = {"op": "pub", "topic": "lv/bin", "ct": "image/fits", "id": 4}
+    await asyncio.wait_for(pub.send(encode_binary(header, image)), STEP)
+    assert (await recv_json(pub))["seq"] == 1
+
+    sub = await connect(last_value_only)
+    reply = await subscribe(sub, "lv/*", id=9, snapshot=True)
+    assert reply["replayed"] == 3
+    head, body = await recv_binary(sub)  # topics come in name order
+    assert (head["topic"], head["seq"], head["ct"], body) == ("lv/bin", 1, "image/fits", image)
+    assert "ts" not in head
+    got = await recv_msg(sub)
+    assert (got["topic"], got["seq"], got["data"]) == ("lv/long", long["seq"], "é" * 600)
+    got = await recv_msg(sub)
+    assert (got["topic"], got["seq"], got["data"], got["ct"]) == ("lv/text", 2, 'a "quoted"\nline', "text/plain")
+    assert text["seq"] == 2 and before - 2_000_000 <= got["ts"] <= time.time_ns() // 1000 + 2_000_000
+    assert isinstance(got["epoch"], str) and got["epoch"]
+    await assert_alive(sub)
+
+    await publish(pub, "lv/text", "live", id=5)  # then live, numbered on
+    got = await recv_msg(sub)
+    assert (got["seq"], got["data"]) == (3, "live")
+    await sub.close()
+    await pub.close()
+
+
 # --------------------------------------------------------------------------------------------
 # 8. Recovery
 # --------------------------------------------------------------------------------------------
