@@ -1,9 +1,10 @@
 //! A publish on a topic nobody subscribes to (issue 4, target 5's discards): the topic found
 //! (or made, the first time), its message kept as the last value, the previous one let go.
 //! The topics keep no history, as the filtering scenario's unsubscribed topics
-//! (bench/scenarios/solace-3.2-filtering.toml). Over 1,000 topics all of that stays in the cache; over 100,000 (the filtering
-//! scenario's) each publish meets its topic's entry and state cold, as herald does under
-//! that load. The difference between the two is what the cache misses cost.
+//! (bench/scenarios/solace-3.2-filtering.toml). Over 1,000 topics all of that stays in the
+//! cache; over 100,000 (the filtering scenario's) each publish meets its topic's entry and
+//! state cold, as herald does under that load. The difference between the two is what the
+//! cache misses cost.
 //!
 //! `cargo bench -p herald-core --bench engine -- --warm-up-time 1 --measurement-time 3`
 
@@ -27,8 +28,8 @@ impl Outbox for Nobody {
 /// The payload's size in the Solace scenarios.
 const PAYLOAD: usize = 50;
 /// Payloads per shared buffer: in herald a publish's payload is a slice of the read that
-/// brought it (16 KiB, a few hundred publishes), so letting a last value go drops a count on a
-/// buffer shared with its neighbours.
+/// brought it (16 KiB, a few hundred publishes), counted on that buffer while the publish is
+/// handled; the engine keeps a copy, not the slice.
 const PER_READ: usize = 256;
 
 fn discards(c: &mut Criterion) {
