@@ -640,6 +640,7 @@ impl Receiver {
                 }
                 let ws = shared.win_start_us.load(Relaxed);
                 let we = shared.win_end_us.load(Relaxed);
+                l.subscribers[self.slot].allocate();
                 if recv_us >= ws && recv_us < we {
                     l.window_received += 1;
                     l.window_bytes += d.len as u64;
