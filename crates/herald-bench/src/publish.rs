@@ -5,13 +5,20 @@
 //! wall clock just before it is written, and flushes them in one write. A late wake-up is caught
 //! up at once; the long-run rate is exact.
 //!
+//! tungstenite makes the connection and reads what the server says; the frames are written by
+//! hand ([`crate::ws_client::encode_client_frame`]) into one buffer per burst, written whole.
+//! Through tungstenite each message was copied twice more (an owned `Message`, its write
+//! buffer) and, when the socket took only part of a large burst, the write buffer moved the
+//! rest down after every write. Asked for 3 M discards/s beside 10 subscribers, herald taking
+//! 2.1–2.3 M/s, the bench's core went from 97–100% to 69–85% (bench/RESULTS.md, session 12).
+//!
 //! Publisher `p` of `P` sends the global message numbers `p, p + P, p + 2P, …`, and message `g`
 //! goes to topic `spread.topic(g)`: the publishers together visit the topics in the spread order.
 //!
 //! With `wait_for`, message `i` is sent only once a counter reached `i × per_message` (the
 //! images scenario: back to back, each after every subscriber has the previous one).
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -24,6 +31,8 @@ use tungstenite::{Message, WebSocket};
 use crate::load::push_error;
 use crate::schedule::{Schedule, Spread};
 use crate::wire;
+use crate::ws_client::encode_client_frame;
+use herald_core::wire::OpCode;
 
 /// Wait, before each message, for a counter to reach `i × per_message`.
 #[derive(Clone)]
@@ -175,7 +184,7 @@ fn poll_incoming(ws: &mut Ws, stats: &PubStats) -> Result<()> {
 
 /// A write failed: when herald closed the connection (a rate limit, say), the reason is in
 /// its close frame, still readable after the write's broken pipe; otherwise the write's error.
-fn why_it_failed(ws: &mut Ws, stats: &PubStats, e: tungstenite::Error) -> anyhow::Error {
+fn why_it_failed(ws: &mut Ws, stats: &PubStats, e: std::io::Error) -> anyhow::Error {
     match poll_incoming(ws, stats) {
         Err(closed) => closed.context("publish failed"),
         Ok(()) => anyhow::Error::new(e).context("publish failed"),
@@ -199,6 +208,8 @@ fn run(
     // Binary frames: built once per topic lazily is overkill; build per message for small
     // payloads, and reuse one buffer (patched in place) for large ones.
     let mut big: Option<(String, Vec<u8>)> = None;
+    // The frames of one burst, written together.
+    let mut out: Vec<u8> = Vec::new();
     let start = Instant::now();
     let mut last_poll = Instant::now();
     let mut i: u64 = 0;
@@ -239,7 +250,7 @@ fn run(
             let g = spec.index + i * spec.stride;
             let topic = &spec.topics[spec.spread.topic(g) as usize];
             let now = wire::now_us();
-            let msg = if spec.binary {
+            if spec.binary {
                 if spec.payload >= 64 * 1024 {
                     if big.as_ref().is_none_or(|(t, _)| t != topic) {
                         big = Some((
@@ -247,12 +258,15 @@ fn run(
                             wire::binary_pub(topic, now, i, spec.payload, spec.stamp),
                         ));
                     }
-                    // Copy first, stamp last: the copy is not part of the latency.
-                    let mut frame = big.as_ref().unwrap().1.clone();
-                    wire::patch_binary_stamp(&mut frame, wire::now_us(), i);
-                    Message::binary(frame)
+                    // Copy first, stamp last: the copy is not part of the latency. The mask
+                    // key is zero, so the frame's payload is the message's bytes as they are.
+                    let message = &big.as_ref().unwrap().1;
+                    encode_client_frame(OpCode::Binary as u8, message, &mut out);
+                    let at = out.len() - message.len();
+                    wire::patch_binary_stamp(&mut out[at..], wire::now_us(), i);
                 } else {
-                    Message::binary(wire::binary_pub(topic, now, i, spec.payload, spec.stamp))
+                    let message = wire::binary_pub(topic, now, i, spec.payload, spec.stamp);
+                    encode_client_frame(OpCode::Binary as u8, &message, &mut out);
                 }
             } else {
                 let text;
@@ -264,16 +278,14 @@ fn run(
                     None => "",
                 };
                 wire::text_pub(&mut buf, topic, now, i, spec.payload, spec.stamp, extra);
-                Message::text(buf.clone())
-            };
-            if let Err(e) = ws.write(msg) {
-                return Err(why_it_failed(&mut ws, &stats, e));
+                encode_client_frame(OpCode::Text as u8, buf.as_bytes(), &mut out);
             }
             i += 1;
         }
-        if let Err(e) = ws.flush() {
+        if let Err(e) = ws.get_mut().write_all(&out) {
             return Err(why_it_failed(&mut ws, &stats, e));
         }
+        out.clear();
         stats.sent.store(i, Relaxed);
         if last_poll.elapsed() > Duration::from_millis(250) {
             last_poll = Instant::now();
