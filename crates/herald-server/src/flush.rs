@@ -55,6 +55,11 @@ const ENOUGH_PER_CONNECTION: usize = 64;
 /// their writer tasks, which idle workers steal.
 const DIRECT_AT_MOST: usize = 32;
 
+/// Connections written between two looks at the input in [`Pending::flush_chunk`]: about
+/// 0.2 ms of writes here (6–7 µs each on loopback), against one `epoll_wait` and a task switch
+/// per look.
+const CHUNK: usize = 32;
+
 /// Connections with frames to write once the current batch of work is done.
 #[derive(Default)]
 pub struct Pending {
@@ -124,21 +129,50 @@ impl Pending {
     /// steal, so one publisher's large fan-out does not keep all its writes on one core.
     pub fn flush(&mut self) {
         self.deliveries = 0;
-        if self.conns.is_empty() {
-            return;
-        }
         let direct = if self.conns.len() > DIRECT_AT_MOST && several_workers() {
             DIRECT_AT_MOST
         } else {
             usize::MAX
         };
-        let start = self.turn % self.conns.len();
+        self.write_first(self.conns.len(), direct);
+    }
+
+    /// Writes the [`CHUNK`] connections noted first and returns whether more wait: the reader
+    /// looks at its input between chunks, so a publish arriving during a long flush is read within a chunk's writes rather than after
+    /// all of them, and its frames join the queues still waiting, in the order they were
+    /// noted. On a runtime with several workers the whole list goes at once, as in
+    /// [`Pending::flush`] (the writers share it out).
+    ///
+    /// It is called only with the input drained, so the hold goes back to the shortest, as in
+    /// [`Pending::drained`].
+    pub fn flush_chunk(&mut self) -> bool {
+        self.doublings = 0;
+        if several_workers() {
+            self.flush();
+            return false;
+        }
+        self.write_first(CHUNK, usize::MAX);
+        if self.conns.is_empty() {
+            self.deliveries = 0;
+        }
+        !self.conns.is_empty()
+    }
+
+    /// Writes (the first `direct` of them; wakes the writers of the others) the first `n`
+    /// noted connections and takes them off the list; the order within them starts at a
+    /// different place each time, so that no subscriber of a topic is always written last.
+    fn write_first(&mut self, n: usize, direct: usize) {
+        let n = n.min(self.conns.len());
+        if n == 0 {
+            return;
+        }
+        let start = self.turn % n;
         self.turn = self.turn.wrapping_add(1);
-        self.conns.rotate_left(start);
+        self.conns[..n].rotate_left(start);
         let now = now_us();
         // Taken out of the thread's slot for the loop (a thread being torn down has none).
         let mut frames = FRAMES.try_with(|f| f.take()).unwrap_or_default();
-        for i in 0..self.conns.len() {
+        for i in 0..n {
             // The next connection's state is asked for while this one's write is under way.
             if let Some(next) = self.conns.get(i + 1) {
                 prefetch(Arc::as_ptr(next), std::mem::size_of::<Connection>());
@@ -150,7 +184,7 @@ impl Pending {
                 conn.wake_writer();
             }
         }
-        self.conns.clear();
+        self.conns.drain(..n);
         frames.shrink_to(FRAMES_KEPT);
         let _ = FRAMES.try_with(|f| f.replace(frames));
     }
@@ -330,6 +364,41 @@ mod tests {
         nothing_arrived(&conns, ENOUGH_PER_CONNECTION - 1);
         publish(1);
         each_receives(&conns, ENOUGH_PER_CONNECTION * 4);
+    }
+
+    /// A long flush goes [`CHUNK`] connections at a time, those noted first first. What is
+    /// queued between chunks rides along to a connection still waiting, and a connection
+    /// already written is noted again, behind the others.
+    #[tokio::test]
+    async fn a_long_flush_goes_a_chunk_at_a_time_in_the_order_noted() {
+        let frame = hi();
+        let conns = connections(2 * CHUNK + 5);
+        let last = conns.len() - 1;
+        let mut pending = Pending::default();
+        pending.collect(|| {
+            for (conn, _) in &conns {
+                conn.send(&frame);
+            }
+        });
+        assert!(pending.flush_chunk(), "more than a chunk was noted");
+        each_receives(&conns[..CHUNK], 4);
+        nothing_arrived(&conns[CHUNK..], conns.len() - CHUNK);
+        // Meanwhile a publish reaches the first connection (written) and the last (waiting).
+        pending.collect(|| {
+            conns[0].0.send(&frame);
+            conns[last].0.send(&frame);
+        });
+        assert!(pending.flush_chunk());
+        each_receives(&conns[CHUNK..2 * CHUNK], 4);
+        nothing_arrived(&conns[..CHUNK], 1);
+        nothing_arrived(&conns[2 * CHUNK..], conns.len() - 2 * CHUNK + 1);
+        assert!(
+            !pending.flush_chunk(),
+            "the rest, the first connection again among them"
+        );
+        each_receives(&conns[2 * CHUNK..last], 4);
+        each_receives(&conns[last..], 8);
+        each_receives(&conns[..1], 4);
     }
 
     /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the

@@ -361,9 +361,24 @@ async fn read_requests(
         let next = {
             let read = reader.next();
             tokio::pin!(read);
-            // Polled once first: only when the input is drained does the reader flush.
-            match futures_util::poll!(read.as_mut()) {
-                std::task::Poll::Ready(next) => next,
+            // Polled once first: only when the input is drained does the reader flush, a
+            // chunk at a time with a look at the input between chunks (the yield lets the
+            // runtime poll for readiness first).
+            let mut polled = futures_util::poll!(read.as_mut());
+            let mut yielded = false;
+            while polled.is_pending() && pending.flush_chunk() {
+                tokio::task::yield_now().await;
+                yielded = true;
+                polled = futures_util::poll!(read.as_mut());
+            }
+            match polled {
+                std::task::Poll::Ready(next) => {
+                    if yielded {
+                        now = ReadAt::now();
+                        activity.touch(now.instant);
+                    }
+                    next
+                }
                 std::task::Poll::Pending => {
                     pending.drained();
                     if std::mem::take(&mut subscribed) {
