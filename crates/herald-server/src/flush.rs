@@ -144,7 +144,9 @@ impl Pending {
     /// [`Pending::flush`] (the writers share it out).
     ///
     /// It is called only with the input drained, so the hold goes back to the shortest, as in
-    /// [`Pending::drained`].
+    /// [`Pending::drained`]. (Kept until the whole list was written instead, the hold grew
+    /// while readers fell behind: at 600,000 deliveries/s to 1,000 clients the p99.9 went from
+    /// 35–41 to 111–128 ms.)
     pub fn flush_chunk(&mut self) -> bool {
         self.doublings = 0;
         if several_workers() {
