@@ -138,10 +138,10 @@ impl Pending {
     }
 
     /// Writes the [`CHUNK`] connections noted first and returns whether more wait: the reader
-    /// looks at its input between chunks, so a publish arriving during a long flush is read within a chunk's writes rather than after
-    /// all of them, and its frames join the queues still waiting, in the order they were
-    /// noted. On a runtime with several workers the whole list goes at once, as in
-    /// [`Pending::flush`] (the writers share it out).
+    /// looks at its input between chunks, so a publish arriving during a long flush is read
+    /// within a chunk's writes rather than after all of them, and its frames join the queues
+    /// still waiting, in the order they were noted. On a runtime with several workers the
+    /// whole list goes at once, as in [`Pending::flush`] (the writers share it out).
     ///
     /// It is called only with the input drained, so the hold goes back to the shortest, as in
     /// [`Pending::drained`]. (Kept until the whole list was written instead, the hold grew
@@ -154,6 +154,8 @@ impl Pending {
             return false;
         }
         self.write_first(CHUNK, usize::MAX);
+        // The count covers what is held once the list is empty; until then it overstates it,
+        // which can only end a hold sooner.
         if self.conns.is_empty() {
             self.deliveries = 0;
         }
