@@ -50,6 +50,12 @@ impl SubscriberLatency {
         })
     }
 
+    /// Whether the histogram exists (tests: when it is allocated matters, see the module).
+    #[cfg(test)]
+    pub fn is_allocated(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// The p99 of what was recorded since the previous call, when there were at least
     /// [`MIN_SAMPLES`]; starts the next window empty either way.
     pub fn take_p99(&mut self) -> Option<SubscriberP99> {

@@ -391,6 +391,52 @@ struct Local {
 }
 
 impl Local {
+    fn new(spec: ClientSpec, shared: Arc<Shared>) -> Local {
+        Local {
+            assignment: spec.assignment(),
+            spec,
+            shared,
+            counts: Counts::default(),
+            tracks: vec![],
+            window_received: 0,
+            window_bytes: 0,
+            window_orders: 0,
+            latency: stats::new_histogram(),
+            pub_to_server: stats::new_histogram(),
+            server_to_sub: stats::new_histogram(),
+            subscribers: vec![],
+            raw: vec![],
+            errors: vec![],
+            stop: Rc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// Counts a delivery to the subscriber in `slot` received at `recv_us`, and records its
+    /// latencies when it was received inside the measuring window. The subscriber's own
+    /// histogram is allocated at its first delivery, window or not (see [`crate::fairness`]).
+    fn on_delivery(&mut self, slot: usize, d: &wire::Delivery, recv_us: u64) {
+        let ws = self.shared.win_start_us.load(Relaxed);
+        let we = self.shared.win_end_us.load(Relaxed);
+        self.subscribers[slot].allocate();
+        if recv_us < ws || recv_us >= we {
+            return;
+        }
+        self.window_received += 1;
+        self.window_bytes += d.len as u64;
+        if let Some(send) = d.send_us {
+            let us = recv_us as i64 - send as i64;
+            stats::record(&mut self.latency, us);
+            self.subscribers[slot].record(us);
+            if let Some(ts) = d.ts {
+                stats::record(&mut self.pub_to_server, ts as i64 - send as i64);
+                stats::record(&mut self.server_to_sub, recv_us as i64 - ts as i64);
+            }
+            if self.spec.record_raw {
+                self.raw.push((send, d.ts.unwrap_or(0), recv_us));
+            }
+        }
+    }
+
     fn snapshot(&mut self) -> Snapshot {
         let mut counts = self.counts;
         for t in &self.tracks {
@@ -423,23 +469,7 @@ async fn pool_main(
     shared: Arc<Shared>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
 ) {
-    let local = Rc::new(RefCell::new(Local {
-        assignment: spec.assignment(),
-        spec,
-        shared: shared.clone(),
-        counts: Counts::default(),
-        tracks: vec![],
-        window_received: 0,
-        window_bytes: 0,
-        window_orders: 0,
-        latency: stats::new_histogram(),
-        pub_to_server: stats::new_histogram(),
-        server_to_sub: stats::new_histogram(),
-        subscribers: vec![],
-        raw: vec![],
-        errors: vec![],
-        stop: Rc::new(tokio::sync::Notify::new()),
-    }));
+    let local = Rc::new(RefCell::new(Local::new(spec, shared.clone())));
     while let Some(cmd) = rx.recv().await {
         match cmd {
             Cmd::Add(from, to) => {
@@ -638,25 +668,7 @@ impl Receiver {
                 } else {
                     l.counts.received += 1;
                 }
-                let ws = shared.win_start_us.load(Relaxed);
-                let we = shared.win_end_us.load(Relaxed);
-                l.subscribers[self.slot].allocate();
-                if recv_us >= ws && recv_us < we {
-                    l.window_received += 1;
-                    l.window_bytes += d.len as u64;
-                    if let Some(send) = d.send_us {
-                        let us = recv_us as i64 - send as i64;
-                        stats::record(&mut l.latency, us);
-                        l.subscribers[self.slot].record(us);
-                        if let Some(ts) = d.ts {
-                            stats::record(&mut l.pub_to_server, ts as i64 - send as i64);
-                            stats::record(&mut l.server_to_sub, recv_us as i64 - ts as i64);
-                        }
-                        if self.spec.record_raw {
-                            l.raw.push((send, d.ts.unwrap_or(0), recv_us));
-                        }
-                    }
-                }
+                l.on_delivery(self.slot, &d, recv_us);
             }
             Incoming::Dropped { topic, count } => {
                 let mut l = self.local.borrow_mut();
@@ -751,9 +763,39 @@ mod tests {
         assert_eq!(source_addr(20_000), Ipv4Addr::new(127, 1, 0, 2));
     }
 
+    /// A subscriber's histogram is allocated at its first delivery, before the window opens
+    /// (in the warm-up), so that no allocation falls inside the window; only deliveries
+    /// inside the window are counted and recorded.
     #[test]
-    fn spec_topic_lookup() {
-        let spec = ClientSpec {
+    fn a_subscriber_histogram_is_allocated_before_the_window() {
+        let shared = Shared::new();
+        let mut local = Local::new(spec(), shared.clone());
+        local.subscribers.push(SubscriberLatency::default());
+        let d = wire::Delivery {
+            topic: b"shares/NFLX",
+            seq: 1,
+            ts: Some(1_050),
+            send_us: Some(1_000),
+            len: 50,
+        };
+        shared.win_start_us.store(2_000, Relaxed);
+        shared.win_end_us.store(3_000, Relaxed);
+        local.on_delivery(0, &d, 1_100);
+        assert!(
+            local.subscribers[0].is_allocated(),
+            "allocated in the warm-up"
+        );
+        assert_eq!((local.window_received, local.latency.len()), (0, 0));
+        local.on_delivery(0, &d, 2_100);
+        assert_eq!((local.window_received, local.window_bytes), (1, 50));
+        assert_eq!(local.latency.max(), 1_100);
+        assert_eq!(local.pub_to_server.max(), 50);
+        local.on_delivery(0, &d, 3_000);
+        assert_eq!(local.window_received, 1, "the window's end is outside it");
+    }
+
+    fn spec() -> ClientSpec {
+        ClientSpec {
             url: String::new(),
             sub_urls: Vec::new(),
             topics: 5,
@@ -765,7 +807,12 @@ mod tests {
             bind_sources: false,
             record_raw: false,
             trader: None,
-        };
+        }
+    }
+
+    #[test]
+    fn spec_topic_lookup() {
+        let spec = spec();
         assert_eq!(spec.topic_index(b"shares/TSLA"), Some(1));
         assert_eq!(spec.topic(0), "shares/NFLX");
         assert_eq!(spec.topic_count(), 2);
