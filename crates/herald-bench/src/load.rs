@@ -377,16 +377,11 @@ struct Local {
     shared: Arc<Shared>,
     counts: Counts,
     tracks: Vec<Rc<RefCell<Vec<TopicTrack>>>>,
-    window_received: u64,
-    window_bytes: u64,
-    window_orders: u64,
-    latency: Histogram<u64>,
-    pub_to_server: Histogram<u64>,
-    server_to_sub: Histogram<u64>,
+    /// What the window measured since the last [`Local::snapshot`] (its `counts`, `sub_p99`
+    /// and `cpu_s` are filled in there).
+    window: Snapshot,
     /// Each connected subscriber's own latencies, indexed by [`Receiver::slot`].
     subscribers: Vec<SubscriberLatency>,
-    raw: Vec<RawSample>,
-    errors: Vec<String>,
     stop: Rc<tokio::sync::Notify>,
 }
 
@@ -398,15 +393,8 @@ impl Local {
             shared,
             counts: Counts::default(),
             tracks: vec![],
-            window_received: 0,
-            window_bytes: 0,
-            window_orders: 0,
-            latency: stats::new_histogram(),
-            pub_to_server: stats::new_histogram(),
-            server_to_sub: stats::new_histogram(),
+            window: Snapshot::empty(),
             subscribers: vec![],
-            raw: vec![],
-            errors: vec![],
             stop: Rc::new(tokio::sync::Notify::new()),
         }
     }
@@ -421,18 +409,19 @@ impl Local {
         if recv_us < ws || recv_us >= we {
             return;
         }
-        self.window_received += 1;
-        self.window_bytes += d.len as u64;
+        let w = &mut self.window;
+        w.window_received += 1;
+        w.window_bytes += d.len as u64;
         if let Some(send) = d.send_us {
             let us = recv_us as i64 - send as i64;
-            stats::record(&mut self.latency, us);
+            stats::record(&mut w.latency, us);
             self.subscribers[slot].record(us);
             if let Some(ts) = d.ts {
-                stats::record(&mut self.pub_to_server, ts as i64 - send as i64);
-                stats::record(&mut self.server_to_sub, recv_us as i64 - ts as i64);
+                stats::record(&mut w.pub_to_server, ts as i64 - send as i64);
+                stats::record(&mut w.server_to_sub, recv_us as i64 - ts as i64);
             }
             if self.spec.record_raw {
-                self.raw.push((send, d.ts.unwrap_or(0), recv_us));
+                w.raw.push((send, d.ts.unwrap_or(0), recv_us));
             }
         }
     }
@@ -446,20 +435,12 @@ impl Local {
         }
         Snapshot {
             counts,
-            window_received: std::mem::take(&mut self.window_received),
-            window_bytes: std::mem::take(&mut self.window_bytes),
-            window_orders: std::mem::take(&mut self.window_orders),
-            latency: std::mem::replace(&mut self.latency, stats::new_histogram()),
-            pub_to_server: std::mem::replace(&mut self.pub_to_server, stats::new_histogram()),
-            server_to_sub: std::mem::replace(&mut self.server_to_sub, stats::new_histogram()),
             sub_p99: self
                 .subscribers
                 .iter_mut()
                 .filter_map(SubscriberLatency::take_p99)
                 .collect(),
-            raw: std::mem::take(&mut self.raw),
-            errors: std::mem::take(&mut self.errors),
-            cpu_s: 0.0,
+            ..std::mem::replace(&mut self.window, Snapshot::empty())
         }
     }
 }
@@ -560,7 +541,10 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
         Ok(ws) => ws,
         Err(e) => {
             shared.failed.fetch_add(1, Relaxed);
-            push_error(&mut local.borrow_mut().errors, format!("connect: {e:#}"));
+            push_error(
+                &mut local.borrow_mut().window.errors,
+                format!("connect: {e:#}"),
+            );
             return;
         }
     };
@@ -627,7 +611,7 @@ impl Receiver {
                     if !shared.stop.load(Relaxed) {
                         shared.closed.fetch_add(1, Relaxed);
                         push_error(
-                            &mut self.local.borrow_mut().errors,
+                            &mut self.local.borrow_mut().window.errors,
                             format!("connection {id}: {e:#}"),
                         );
                     }
@@ -642,7 +626,7 @@ impl Receiver {
                     if !shared.stop.load(Relaxed) {
                         shared.closed.fetch_add(1, Relaxed);
                         push_error(
-                            &mut self.local.borrow_mut().errors,
+                            &mut self.local.borrow_mut().window.errors,
                             format!("server closed a connection: {code} {reason}"),
                         );
                     }
@@ -691,7 +675,7 @@ impl Receiver {
                 }
             }
             Incoming::Error(e) => push_error(
-                &mut self.local.borrow_mut().errors,
+                &mut self.local.borrow_mut().window.errors,
                 format!("server error: {e}"),
             ),
             Incoming::Other => {}
@@ -740,7 +724,7 @@ async fn trade(
                 shared.win_end_us.load(Relaxed),
             );
             if now >= ws && now < we {
-                local.borrow_mut().window_orders += 1;
+                local.borrow_mut().window.window_orders += 1;
             }
         }
         if sink.write_all(&frames).await.is_err() {
@@ -785,13 +769,20 @@ mod tests {
             local.subscribers[0].is_allocated(),
             "allocated in the warm-up"
         );
-        assert_eq!((local.window_received, local.latency.len()), (0, 0));
+        assert_eq!(
+            (local.window.window_received, local.window.latency.len()),
+            (0, 0)
+        );
         local.on_delivery(0, &d, 2_100);
-        assert_eq!((local.window_received, local.window_bytes), (1, 50));
-        assert_eq!(local.latency.max(), 1_100);
-        assert_eq!(local.pub_to_server.max(), 50);
+        let w = &local.window;
+        assert_eq!((w.window_received, w.window_bytes), (1, 50));
+        assert_eq!(w.latency.max(), 1_100);
+        assert_eq!(w.pub_to_server.max(), 50);
         local.on_delivery(0, &d, 3_000);
-        assert_eq!(local.window_received, 1, "the window's end is outside it");
+        assert_eq!(
+            local.window.window_received, 1,
+            "the window's end is outside it"
+        );
     }
 
     fn spec() -> ClientSpec {
