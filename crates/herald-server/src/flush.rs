@@ -149,7 +149,9 @@ impl Pending {
     /// 35–41 to 111–128 ms.)
     pub fn flush_chunk(&mut self) -> bool {
         self.doublings = 0;
-        if several_workers() {
+        // A short list is written whole either way; the runtime is asked only about a long one
+        // (as in `flush`: a handle's clone and drop per publish otherwise).
+        if self.conns.len() > DIRECT_AT_MOST && several_workers() {
             self.flush();
             return false;
         }
