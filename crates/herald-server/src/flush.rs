@@ -10,7 +10,9 @@
 //! a hold of deliveries is full ([`Pending::flush_if_full`]). A socket that does not take
 //! everything hands the rest to its writer task, which waits for the socket; so does a
 //! connection that cannot be written directly (TLS). This is uWebSockets' cork-and-flush, on
-//! tokio.
+//! tokio. A long list is written a chunk at a time ([`Pending::flush_chunk`]), the reader
+//! looking at its input between chunks, so what arrives meanwhile is read without waiting for
+//! every write and joins the queues still waiting.
 
 use crate::connection::Connection;
 use crate::node::now_us;
