@@ -144,6 +144,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
+    /// Write every delivery measured in a fan-out or filtering step's window to FILE, a line
+    /// each: send time, herald's stamp (0 without one) and receive time, µs since the UNIX
+    /// epoch. To find where a tail comes from; ~50 bytes a delivery on disk, 24 in memory
+    /// until the step ends.
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
+
     /// Write latency percentiles against the swept parameter as an SVG plot to FILE.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -231,6 +238,14 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let steps = scenario.steps(&overrides, collapse)?;
     let steps_asked = steps.len();
 
+    // Created first, so that a path that cannot be written fails before any load runs.
+    let samples = match &args.samples {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => None,
+    };
     let spawn = args.spawn || args.spawn_bin.is_some();
     let config_file = (spawn && !scenario.server_config.is_empty())
         .then(|| std::env::temp_dir().join(format!("herald-bench-{}.toml", std::process::id())));
@@ -272,6 +287,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         stop: stop.clone(),
         bench_cores: sys::allowed_cores(),
         server_pid: server.as_ref().map(|s| s.pid()),
+        samples,
     };
     if !args.quiet {
         eprintln!(

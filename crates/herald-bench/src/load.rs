@@ -50,8 +50,12 @@ pub struct ClientSpec {
     /// Bind each client to a source address in 127.1.0.0/16, 20,000 clients per address, so
     /// more connections than the ephemeral port range can be opened to one server.
     pub bind_sources: bool,
-    /// Keep every (trader) latency sample, not only the histogram (proxy scenario).
+    /// Keep every delivery's (send, herald's stamp, receive) in the window, not only the
+    /// histograms (the proxy scenario; a fan-out with `--samples`).
     pub record_raw: bool,
+    /// Samples to reserve room for at a window's first: a list grown by doubling copies
+    /// itself, a stall of milliseconds once it holds millions.
+    pub raw_reserve: usize,
     pub trader: Option<TraderSpec>,
 }
 
@@ -421,6 +425,9 @@ impl Local {
                 stats::record(&mut w.server_to_sub, recv_us as i64 - ts as i64);
             }
             if self.spec.record_raw {
+                if w.raw.capacity() == 0 {
+                    w.raw.reserve(self.spec.raw_reserve);
+                }
                 w.raw.push((send, d.ts.unwrap_or(0), recv_us));
             }
         }
@@ -797,6 +804,7 @@ mod tests {
             max_message: 1,
             bind_sources: false,
             record_raw: false,
+            raw_reserve: 0,
             trader: None,
         }
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use serde_json::json;
 
 use crate::fairness::Fairness;
@@ -34,6 +34,8 @@ pub struct Ctx {
     pub bench_cores: usize,
     /// The spawned server, whose CPU use is reported too.
     pub server_pid: Option<u32>,
+    /// Where `--samples` writes every delivery of a fan-out step's window.
+    pub samples: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 impl Ctx {
@@ -229,6 +231,7 @@ fn client_spec(ctx: &Ctx, p: &Params, max_message: usize) -> ClientSpec {
         max_message,
         bind_sources: p.clients > 25_000,
         record_raw: false,
+        raw_reserve: 0,
         trader: None,
     }
 }
@@ -401,7 +404,11 @@ fn topic_names(prefix: &str, n: u64, p: &Params) -> Arc<Vec<String>> {
 /// Fan-out (and filtering): C subscribers, P paced publishers, optional discard load.
 fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let max_message = (p.payload as usize + 4096).max(1 << 20);
-    let spec = client_spec(ctx, p, max_message);
+    let mut spec = client_spec(ctx, p, max_message);
+    if ctx.samples.is_some() {
+        spec.record_raw = true;
+        spec.raw_reserve = (p.rate * spread_fanout(p) * p.duration * 1.05) as usize;
+    }
     let (groups, ranges) = start_groups(&spec, p, p.clients)?;
     for (g, (a, b)) in groups.iter().zip(&ranges) {
         g.add(*a, *b)?;
@@ -487,6 +494,9 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let closed = group::progress(&groups).closed;
     let failed = group::progress(&groups).failed;
     snap.merge(shutdown_all(groups)?);
+    if let Some(out) = ctx.samples.as_mut() {
+        write_samples(out, label, p, &snap.raw).context("cannot write the --samples file")?;
+    }
     let mut r = base_result(ctx, p, &snap, wall, my_cpu + worker_cpu);
     // One window, one collect: each subscriber's p99 covers the same time (the steps that
     // collect several times would list a subscriber once per collect).
@@ -506,6 +516,30 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         );
     }
     Ok(r)
+}
+
+/// Appends a step's deliveries to the `--samples` file: a comment line naming the step, then
+/// one line per delivery, "send stamp receive" (µs since the UNIX epoch; stamp 0 when the
+/// publisher did not ask herald for one), in no particular order.
+fn write_samples(
+    out: &mut impl std::io::Write,
+    label: &str,
+    p: &Params,
+    raw: &[crate::load::RawSample],
+) -> Result<()> {
+    writeln!(
+        out,
+        "# {label}: clients {}, rate {}, discard_rate {}, {} deliveries: send_us stamp_us receive_us",
+        p.clients,
+        p.rate,
+        p.discard_rate,
+        raw.len()
+    )?;
+    for (send, stamp, receive) in raw {
+        writeln!(out, "{send} {stamp} {receive}")?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// The `publishers` connections sharing `rate` over `topics` in `spread` order; they start

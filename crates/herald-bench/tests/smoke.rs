@@ -226,6 +226,36 @@ fn solace_very_high() {
     );
 }
 
+/// `--samples` writes every delivery of the window, one line each, as many as the report's
+/// `received`; each was received after it was sent and after herald stamped it (one clock,
+/// one host; herald's stamp is the time its reader last waited, so it may precede the send).
+#[test]
+fn samples_hold_every_delivery_of_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("samples.txt");
+    let Some(v) = run(
+        "solace-3.1.2-very-high",
+        &["--clients", "20", "--samples", file.to_str().unwrap()],
+    ) else {
+        return;
+    };
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut lines = text.lines();
+    let head = lines.next().unwrap();
+    assert!(head.starts_with("# step 1/1: clients 20,"), "{head}");
+    let mut n = 0u64;
+    for line in lines {
+        let t: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+        let [send, stamp, receive] = t[..] else {
+            panic!("three fields: {line}")
+        };
+        assert!(send <= receive && stamp <= receive && stamp > 0, "{line}");
+        n += 1;
+    }
+    assert!(n > 0);
+    assert_eq!(n, v["steps"][0]["received"].as_u64().unwrap());
+}
+
 #[test]
 fn solace_filtering() {
     let Some(v) = run(
