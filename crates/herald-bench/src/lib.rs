@@ -238,6 +238,12 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let steps = scenario.steps(&overrides, collapse)?;
     let steps_asked = steps.len();
 
+    if args.samples.is_some() && !matches!(scenario.kind, Kind::Fanout | Kind::Filtering) {
+        anyhow::bail!(
+            "--samples applies to fan-out and filtering scenarios, not {}",
+            scenario.kind.as_str()
+        );
+    }
     // Created first, so that a path that cannot be written fails before any load runs.
     let samples = match &args.samples {
         Some(path) => Some(std::io::BufWriter::new(

@@ -254,6 +254,17 @@ fn samples_hold_every_delivery_of_the_window() {
     }
     assert!(n > 0);
     assert_eq!(n, v["steps"][0]["received"].as_u64().unwrap());
+    // Other kinds have no such window: a clear error, not a file left empty.
+    let out = run_raw(
+        "proxy-latency",
+        &["--samples".into(), file.display().to_string()],
+    )
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--samples applies to fan-out"),
+        "{stderr}"
+    );
 }
 
 #[test]
