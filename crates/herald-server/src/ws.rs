@@ -253,6 +253,13 @@ impl Activity {
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// The reader resumes after a wait: both clocks read, and the client counted as active.
+    fn resumed(&self) -> ReadAt {
+        let now = ReadAt::now();
+        self.touch(now.instant);
+        now
+    }
+
     fn quiet_for(&self) -> Duration {
         let ms = self.started.0.elapsed().as_millis() as u64;
         Duration::from_millis(ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
@@ -355,8 +362,7 @@ async fn read_requests(
         handled = handled.wrapping_add(1);
         if handled.is_multiple_of(64) {
             tokio::task::yield_now().await;
-            now = ReadAt::now();
-            activity.touch(now.instant);
+            now = activity.resumed();
         }
         let next = {
             let read = reader.next();
@@ -365,20 +371,13 @@ async fn read_requests(
             // chunk at a time with a look at the input between chunks (the yield lets the
             // runtime poll for readiness first).
             let mut polled = futures_util::poll!(read.as_mut());
-            let mut yielded = false;
             while polled.is_pending() && pending.flush_chunk() {
                 tokio::task::yield_now().await;
-                yielded = true;
+                now = activity.resumed();
                 polled = futures_util::poll!(read.as_mut());
             }
             match polled {
-                std::task::Poll::Ready(next) => {
-                    if yielded {
-                        now = ReadAt::now();
-                        activity.touch(now.instant);
-                    }
-                    next
-                }
+                std::task::Poll::Ready(next) => next,
                 std::task::Poll::Pending => {
                     pending.drained();
                     if std::mem::take(&mut subscribed) {
@@ -386,8 +385,7 @@ async fn read_requests(
                         node.engine.lock().trim(id);
                     }
                     let next = read.await;
-                    now = ReadAt::now();
-                    activity.touch(now.instant);
+                    now = activity.resumed();
                     next
                 }
             }
