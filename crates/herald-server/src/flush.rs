@@ -318,39 +318,42 @@ mod tests {
         }
     }
 
+    /// `times` publishes of [`hi`] to every connection, each counted toward the hold and
+    /// followed by its check, as a reader that is behind makes them.
+    fn publish_to_all(pending: &mut Pending, conns: &[(Arc<Connection>, TcpStream)], times: usize) {
+        let frame = hi();
+        for _ in 0..times {
+            pending.collect(|| {
+                for (conn, _) in conns {
+                    conn.send(&frame);
+                }
+            });
+            pending.delivered(conns.len());
+            pending.flush_if_full();
+        }
+    }
+
     /// What a backlog of publishes gives the same subscribers waits until [`FLUSH_AFTER`]
     /// deliveries are held, then leaves whole. While the input stays behind the next hold is
     /// twice as long; once it is drained, the shortest again.
     #[tokio::test]
     async fn a_backlog_is_held_longer_while_the_input_stays_behind() {
-        let frame = hi();
         let conns = connections(40);
         let n = conns.len();
         let mut pending = Pending::default();
-        let publish = |pending: &mut Pending, times: usize| {
-            for _ in 0..times {
-                pending.collect(|| {
-                    for (conn, _) in &conns {
-                        conn.send(&frame);
-                    }
-                });
-                pending.delivered(n);
-                pending.flush_if_full();
-            }
-        };
         // The first hold: one publish short of FLUSH_AFTER, then over it.
         let first = FLUSH_AFTER.div_ceil(n);
-        publish(&mut pending, first - 1);
+        publish_to_all(&mut pending, &conns, first - 1);
         nothing_arrived(&conns, (first - 1) * n);
-        publish(&mut pending, 1);
+        publish_to_all(&mut pending, &conns, 1);
         each_receives(&conns, first * 4);
         // Still behind: as many again stay held, the hold being twice as long now.
-        publish(&mut pending, first);
+        publish_to_all(&mut pending, &conns, first);
         nothing_arrived(&conns, first * n);
         pending.drained();
         each_receives(&conns, first * 4);
         // Drained: back to the first hold.
-        publish(&mut pending, first);
+        publish_to_all(&mut pending, &conns, first);
         each_receives(&conns, first * 4);
     }
 
@@ -407,6 +410,25 @@ mod tests {
         each_receives(&conns[2 * CHUNK..last], 4);
         each_receives(&conns[last..], 8);
         each_receives(&conns[..1], 4);
+    }
+
+    /// A chunked flush comes with the input drained, so it brings the hold back to the
+    /// shortest, as [`Pending::drained`] does.
+    #[tokio::test]
+    async fn a_chunked_flush_brings_the_hold_back_to_the_shortest() {
+        let conns = connections(40);
+        let n = conns.len();
+        let mut pending = Pending::default();
+        // A hold filled before the input was drained: the next one is twice as long.
+        let first = FLUSH_AFTER.div_ceil(n);
+        publish_to_all(&mut pending, &conns, first);
+        each_receives(&conns, first * 4);
+        publish_to_all(&mut pending, &conns, 1);
+        while pending.flush_chunk() {}
+        each_receives(&conns, 4);
+        // Back to the first hold: it leaves after `first` publishes, not `2 × first`.
+        publish_to_all(&mut pending, &conns, first);
+        each_receives(&conns, first * 4);
     }
 
     /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the
