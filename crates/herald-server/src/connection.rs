@@ -183,15 +183,16 @@ impl Connection {
     /// Writes what is queued straight to the socket, from the calling task and without waiting,
     /// unless someone else is writing (they take it with theirs). What the socket does not take
     /// goes to the writer task, as do the close frame and throttled messages. `frames`: scratch
-    /// space, left empty.
-    pub fn write_now(&self, frames: &mut Vec<Frame>, now_us: u64) {
+    /// space, left empty. Returns how many frames it took from the queue (written, or handed
+    /// to the writer task with the rest of a short write).
+    pub fn write_now(&self, frames: &mut Vec<Frame>, now_us: u64) -> usize {
         let Some(socket) = &self.socket else {
-            return;
+            return 0;
         };
         {
             let mut out = self.out.lock();
             if out.writer != Writer::Nobody || out.queue.is_closed() {
-                return;
+                return 0;
             }
             out.queue.drain_into(frames, now_us);
             if frames.is_empty() {
@@ -201,10 +202,11 @@ impl Connection {
                 if throttled {
                     self.wake.notify_one();
                 }
-                return;
+                return 0;
             }
             out.writer = Writer::Direct;
         }
+        let mut taken = frames.len();
         loop {
             let before = (frames.len(), bytes_of(frames));
             let result = write_without_waiting(socket, frames);
@@ -216,10 +218,11 @@ impl Connection {
                 out.writer = Writer::Task;
                 drop(out);
                 self.wake.notify_one();
-                return;
+                return taken;
             }
             if !out.queue.is_closed() {
                 out.queue.drain_into(frames, now_us);
+                taken += frames.len();
             }
             if frames.is_empty() {
                 out.writer = Writer::Nobody;
@@ -230,7 +233,7 @@ impl Connection {
                 if task_has_work {
                     self.wake.notify_one();
                 }
-                return;
+                return taken;
             }
         }
     }

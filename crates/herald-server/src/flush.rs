@@ -66,11 +66,15 @@ const CHUNK: usize = 32;
 #[derive(Default)]
 pub struct Pending {
     conns: Vec<Arc<Connection>>,
-    /// Deliveries made since the last flush (see [`Pending::delivered`]).
-    deliveries: usize,
-    /// The hold is `FLUSH_AFTER << doublings`: one more each time it fills before the input
-    /// is drained, none once it is (see [`Pending::drained`]).
+    /// Deliveries noted and not yet taken by a write (see [`Pending::delivered`]).
+    held: usize,
+    /// The hold is `FLUSH_AFTER << doublings`: one more each time a hold's worth has been
+    /// written while the input stayed behind, none once it is drained (see
+    /// [`Pending::drained`]).
     doublings: u32,
+    /// Deliveries [`Pending::flush_if_full`] wrote since the hold last doubled or the input
+    /// was last drained.
+    written_behind: usize,
     /// Where the next flush starts in its list, so that no subscriber of a topic is always
     /// written last (the seed 003 router randomised its fan-out order for the same reason).
     turn: usize,
@@ -92,26 +96,48 @@ impl Pending {
 
     /// Counts `n` deliveries made under [`Pending::collect`] toward the hold.
     pub fn delivered(&mut self, n: usize) {
-        self.deliveries += n;
+        self.held += n;
     }
 
-    /// Flushes once the hold is full: [`FLUSH_AFTER`] deliveries or connections, doubled each
-    /// time it fills again before the input is drained ([`MAX_DOUBLINGS`] at most). Idle, a
-    /// reader flushes after every message anyway (its input is drained); behind, the longer it
-    /// stays behind, the more of what its subscribers receive leaves in one write each, and
-    /// the fewer writes it spends per delivery to catch up.
+    /// Called after each request while the input is behind: writes once the hold is full,
+    /// [`FLUSH_AFTER`] deliveries or connections, doubled each time a hold's worth has been
+    /// written before the input is drained ([`MAX_DOUBLINGS`] at most). Idle, a reader flushes
+    /// after every message anyway (its input is drained); behind, the longer it stays behind,
+    /// the more of what its subscribers receive leaves in one write each, and the fewer writes
+    /// it spends per delivery to catch up. A hold also ends once its connections have
+    /// [`ENOUGH_PER_CONNECTION`] deliveries each on average: then every write already carries
+    /// many, and longer only delays the first.
     ///
-    /// A hold also ends once its connections have [`ENOUGH_PER_CONNECTION`] deliveries each on
-    /// average: then every write already carries many, and longer only delays the first.
-    pub fn flush_if_full(&mut self) {
-        if self.deliveries.max(self.conns.len()) >= FLUSH_AFTER << self.doublings {
-            self.flush();
-            self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
-        } else if !self.conns.is_empty()
-            && self.deliveries >= ENOUGH_PER_CONNECTION * self.conns.len()
-        {
-            self.flush();
+    /// On a single-worker runtime it writes one [`CHUNK`] (the connections noted first) and
+    /// returns true: the caller yields and calls again until it returns false, that is until
+    /// less than a hold is left, and then reads on. So the reader takes its input in between
+    /// rather than after every noted connection is written: at 2,000 subscribers the whole
+    /// list was ~1,750 connections, 10 ms of writes without a look at the input, the wait that
+    /// made the slowest deliveries' first leg (bench/RESULTS.md, session 13). With several
+    /// workers the list goes whole, as in [`Pending::flush`], and it returns false.
+    pub fn flush_if_full(&mut self) -> bool {
+        let hold = FLUSH_AFTER << self.doublings;
+        let full = self.held.max(self.conns.len()) >= hold;
+        let enough =
+            !self.conns.is_empty() && self.held >= ENOUGH_PER_CONNECTION * self.conns.len();
+        if !full && !enough {
+            return false;
         }
+        if self.conns.len() > DIRECT_AT_MOST && several_workers() {
+            self.flush();
+            if full {
+                self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
+            }
+            return false;
+        }
+        let written = self.write_first(CHUNK, usize::MAX);
+        self.took(written);
+        self.written_behind += written;
+        if self.written_behind >= hold {
+            self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
+            self.written_behind = 0;
+        }
+        true
     }
 
     /// The input is drained (the next read would wait): writes what is held and goes back to
@@ -119,6 +145,7 @@ impl Pending {
     pub fn drained(&mut self) {
         self.flush();
         self.doublings = 0;
+        self.written_behind = 0;
         // A session keeps its `Pending` for life: an idle one should not keep a burst's room.
         if self.conns.capacity() > 4 * DIRECT_AT_MOST {
             self.conns.shrink_to(DIRECT_AT_MOST);
@@ -130,7 +157,7 @@ impl Pending {
     /// [`DIRECT_AT_MOST`], connections are handed to their writer tasks, which idle workers
     /// steal, so one publisher's large fan-out does not keep all its writes on one core.
     pub fn flush(&mut self) {
-        self.deliveries = 0;
+        self.held = 0;
         let direct = if self.conns.len() > DIRECT_AT_MOST && several_workers() {
             DIRECT_AT_MOST
         } else {
@@ -151,28 +178,36 @@ impl Pending {
     /// 35–41 to 111–128 ms.)
     pub fn flush_chunk(&mut self) -> bool {
         self.doublings = 0;
+        self.written_behind = 0;
         // A short list is written whole either way; the runtime is asked only about a long one
         // (as in `flush`: a handle's clone and drop per publish otherwise).
         if self.conns.len() > DIRECT_AT_MOST && several_workers() {
             self.flush();
             return false;
         }
-        self.write_first(CHUNK, usize::MAX);
-        // The count covers what is held once the list is empty; until then it overstates it,
-        // which can only end a hold sooner.
-        if self.conns.is_empty() {
-            self.deliveries = 0;
-        }
+        let written = self.write_first(CHUNK, usize::MAX);
+        self.took(written);
         !self.conns.is_empty()
+    }
+
+    /// Counts `written` deliveries off the hold. Frames a writer task took over are not
+    /// counted (the count then overstates what is held, which only ends a hold sooner), so
+    /// an empty list holds nothing whatever the count says.
+    fn took(&mut self, written: usize) {
+        self.held = match self.conns.is_empty() {
+            true => 0,
+            false => self.held.saturating_sub(written),
+        };
     }
 
     /// Writes (the first `direct` of them; wakes the writers of the others) the first `n`
     /// noted connections and takes them off the list; the order within them starts at a
     /// different place each time, so that no subscriber of a topic is always written last.
-    fn write_first(&mut self, n: usize, direct: usize) {
+    /// Returns the frames written (or left to a writer by a short write) directly.
+    fn write_first(&mut self, n: usize, direct: usize) -> usize {
         let n = n.min(self.conns.len());
         if n == 0 {
-            return;
+            return 0;
         }
         let start = self.turn % n;
         self.turn = self.turn.wrapping_add(1);
@@ -180,6 +215,7 @@ impl Pending {
         let now = now_us();
         // Taken out of the thread's slot for the loop (a thread being torn down has none).
         let mut frames = FRAMES.try_with(|f| f.take()).unwrap_or_default();
+        let mut written = 0;
         for i in 0..n {
             // The next connection's state is asked for while this one's write is under way.
             if let Some(next) = self.conns.get(i + 1) {
@@ -187,7 +223,7 @@ impl Pending {
             }
             let conn = &self.conns[i];
             if i < direct {
-                conn.write_now(&mut frames, now); // leaves it empty
+                written += conn.write_now(&mut frames, now); // leaves `frames` empty
             } else {
                 conn.wake_writer();
             }
@@ -195,6 +231,7 @@ impl Pending {
         self.conns.drain(..n);
         frames.shrink_to(FRAMES_KEPT);
         let _ = FRAMES.try_with(|f| f.replace(frames));
+        written
     }
 }
 
@@ -329,16 +366,17 @@ mod tests {
                 }
             });
             pending.delivered(conns.len());
-            pending.flush_if_full();
+            while pending.flush_if_full() {}
         }
     }
 
     /// What a backlog of publishes gives the same subscribers waits until [`FLUSH_AFTER`]
-    /// deliveries are held, then leaves whole. While the input stays behind the next hold is
-    /// twice as long; once it is drained, the shortest again.
+    /// deliveries are held, then leaves (here a chunk's worth of connections: all of them).
+    /// While the input stays behind the next hold is twice as long; once it is drained, the
+    /// shortest again.
     #[tokio::test]
     async fn a_backlog_is_held_longer_while_the_input_stays_behind() {
-        let conns = connections(40);
+        let conns = connections(CHUNK);
         let n = conns.len();
         let mut pending = Pending::default();
         // The first hold: one publish short of FLUSH_AFTER, then over it.
@@ -368,13 +406,34 @@ mod tests {
             for _ in 0..times {
                 pending.collect(|| conns[0].0.send(&frame));
                 pending.delivered(1);
-                pending.flush_if_full();
+                while pending.flush_if_full() {}
             }
         };
         publish(ENOUGH_PER_CONNECTION - 1);
         nothing_arrived(&conns, ENOUGH_PER_CONNECTION - 1);
         publish(1);
         each_receives(&conns, ENOUGH_PER_CONNECTION * 4);
+    }
+
+    /// A full hold over more connections than a chunk leaves a chunk at a time, those noted
+    /// first first, and only until less than a hold is left: the reader then reads on rather
+    /// than write every connection first.
+    #[tokio::test]
+    async fn a_full_hold_leaves_a_chunk_at_a_time_until_less_than_a_hold_is_left() {
+        let conns = connections(3 * CHUNK);
+        let n = conns.len();
+        let mut pending = Pending::default();
+        let first = FLUSH_AFTER.div_ceil(n);
+        publish_to_all(&mut pending, &conns, first - 1);
+        nothing_arrived(&conns, (first - 1) * n);
+        // The hold fills; the first chunk's deliveries take it back under.
+        assert!(CHUNK * first > first * n - FLUSH_AFTER);
+        publish_to_all(&mut pending, &conns, 1);
+        each_receives(&conns[..CHUNK], first * 4);
+        nothing_arrived(&conns[CHUNK..], (n - CHUNK) * first);
+        // Drained, the rest leaves too.
+        pending.drained();
+        each_receives(&conns[CHUNK..], first * 4);
     }
 
     /// A long flush goes [`CHUNK`] connections at a time, those noted first first. What is
@@ -416,7 +475,7 @@ mod tests {
     /// shortest, as [`Pending::drained`] does.
     #[tokio::test]
     async fn a_chunked_flush_brings_the_hold_back_to_the_shortest() {
-        let conns = connections(40);
+        let conns = connections(CHUNK);
         let n = conns.len();
         let mut pending = Pending::default();
         // A hold filled before the input was drained: the next one is twice as long.

@@ -457,7 +457,12 @@ async fn read_requests(
         if releases {
             node.released.notify_waiters();
         }
-        pending.flush_if_full();
+        // Behind, a full hold leaves a chunk at a time, the runtime polling for readiness in
+        // between, until less than a hold is left; then this reader reads on.
+        while pending.flush_if_full() {
+            tokio::task::yield_now().await;
+            now = activity.resumed();
+        }
     }
 }
 
