@@ -123,15 +123,12 @@ impl Pending {
         if !full && !enough {
             return false;
         }
-        if self.conns.len() > DIRECT_AT_MOST && several_workers() {
-            self.flush();
+        let Some(written) = self.write_chunk() else {
             if full {
                 self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
             }
             return false;
-        }
-        let written = self.write_first(CHUNK, usize::MAX);
-        self.took(written);
+        };
         self.written_behind += written;
         if self.written_behind >= hold {
             self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
@@ -179,25 +176,28 @@ impl Pending {
     pub fn flush_chunk(&mut self) -> bool {
         self.doublings = 0;
         self.written_behind = 0;
-        // A short list is written whole either way; the runtime is asked only about a long one
-        // (as in `flush`: a handle's clone and drop per publish otherwise).
-        if self.conns.len() > DIRECT_AT_MOST && several_workers() {
-            self.flush();
-            return false;
-        }
-        let written = self.write_first(CHUNK, usize::MAX);
-        self.took(written);
-        !self.conns.is_empty()
+        self.write_chunk().is_some() && !self.conns.is_empty()
     }
 
-    /// Counts `written` deliveries off the hold. Frames a writer task took over are not
-    /// counted (the count then overstates what is held, which only ends a hold sooner), so
-    /// an empty list holds nothing whatever the count says.
-    fn took(&mut self, written: usize) {
+    /// Writes the [`CHUNK`] connections noted first and counts what they took off the hold:
+    /// the frames written. On a runtime with several workers it flushes the whole list
+    /// instead and returns `None`. A short list is written whole either way; the runtime is
+    /// asked only about a long one (as in `flush`: a handle's clone and drop per publish
+    /// otherwise).
+    fn write_chunk(&mut self) -> Option<usize> {
+        if self.conns.len() > DIRECT_AT_MOST && several_workers() {
+            self.flush();
+            return None;
+        }
+        let written = self.write_first(CHUNK, usize::MAX);
+        // Frames left to a writer task (its connection busy) are not counted, so the count
+        // may overstate what is held, which only ends a hold sooner; an empty list holds
+        // nothing whatever the count says.
         self.held = match self.conns.is_empty() {
             true => 0,
             false => self.held.saturating_sub(written),
         };
+        Some(written)
     }
 
     /// Writes (the first `direct` of them; wakes the writers of the others) the first `n`
