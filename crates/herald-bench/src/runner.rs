@@ -508,6 +508,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     r.disconnects = closed;
     r.connect_failures = failed;
     r.errors.extend(errors);
+    r.errors.extend(short_window(wall, p.duration));
     if p.discard_rate > 0.0 || r.extra.is_empty() {
         r.extra.insert("discard_rate".into(), json!(p.discard_rate));
         r.extra.insert(
@@ -516,6 +517,19 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         );
     }
     Ok(r)
+}
+
+/// An error for a fan-out step whose measuring window came out much shorter than asked: its
+/// instants are fixed before the warm-up, so a subscriber pool that answers the collect at the
+/// window's start late (a stalled worker process or thread) eats into it, and the table would
+/// show rates and latencies over a sliver as if over the whole window.
+fn short_window(measured_s: f64, asked_s: f64) -> Option<String> {
+    (measured_s < 0.9 * asked_s).then(|| {
+        format!(
+            "the measuring window lasted {measured_s:.2} s of the {asked_s} s asked: \
+             the subscriber pools answered late, so this step covers less than its window"
+        )
+    })
 }
 
 /// Appends a step's deliveries to the `--samples` file: a comment line naming the step, then
@@ -1177,6 +1191,13 @@ fn last_values(url: &str, pattern: &str, topics: u64) -> Result<HashMap<String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_much_shorter_than_asked_is_an_error() {
+        assert_eq!(short_window(9.95, 10.0), None);
+        let e = short_window(0.0001, 10.0).expect("a window cut to nothing");
+        assert!(e.contains("0.00 s of the 10 s asked"), "{e}");
+    }
 
     #[test]
     fn split_covers_everything_once() {
