@@ -260,6 +260,13 @@ impl Activity {
         now
     }
 
+    /// Lets the runtime run other tasks and poll for readiness (tokio polls its driver before
+    /// it runs a yielded task again), then resumes as after any wait.
+    async fn yield_now(&self) -> ReadAt {
+        tokio::task::yield_now().await;
+        self.resumed()
+    }
+
     fn quiet_for(&self) -> Duration {
         let ms = self.started.0.elapsed().as_millis() as u64;
         Duration::from_millis(ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
@@ -361,8 +368,7 @@ async fn read_requests(
         // (see `Pending::flush_if_full`): this reader is behind.
         handled = handled.wrapping_add(1);
         if handled.is_multiple_of(64) {
-            tokio::task::yield_now().await;
-            now = activity.resumed();
+            now = activity.yield_now().await;
         }
         let next = {
             let read = reader.next();
@@ -372,8 +378,7 @@ async fn read_requests(
             // runtime poll for readiness first).
             let mut polled = futures_util::poll!(read.as_mut());
             while polled.is_pending() && pending.flush_chunk() {
-                tokio::task::yield_now().await;
-                now = activity.resumed();
+                now = activity.yield_now().await;
                 polled = futures_util::poll!(read.as_mut());
             }
             match polled {
@@ -460,8 +465,7 @@ async fn read_requests(
         // Behind, a full hold leaves a chunk at a time, the runtime polling for readiness in
         // between, until less than a hold is left; then this reader reads on.
         while pending.flush_if_full() {
-            tokio::task::yield_now().await;
-            now = activity.resumed();
+            now = activity.yield_now().await;
         }
     }
 }
