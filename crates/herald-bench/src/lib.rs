@@ -13,6 +13,8 @@
 //! - [`group`]    — pools in this process or in worker processes (past ~19,000 connections).
 //! - [`wire`]     — the native protocol's frames, and cheap parsing of deliveries.
 //! - [`integrity`] — lost / duplicate / out-of-order / discard accounting per subscriber+topic.
+//! - [`arrivals`] — with `--samples`: how much of herald → subscriber was herald's and how much
+//!   the bench's, from the kernel's receive stamps.
 //! - [`fairness`] — each subscriber's own p99, and their spread (best, median, worst).
 //! - [`stats`]    — histograms and the seeds' statistics (mean, median, mode, p99, p99.9, …).
 //! - [`report`]   — progress line, Markdown table, JSON, SVG plot.
@@ -23,6 +25,7 @@
 //! The CLI wires it as `Command::Bench(herald_bench::BenchArgs) => herald_bench::run(args)`.
 //! See docs/bench.md for the flags, the scenario format and the JSON schema.
 
+pub mod arrivals;
 pub mod fairness;
 pub mod group;
 pub mod integrity;
@@ -145,9 +148,10 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
 
     /// Write every delivery measured in a fan-out or filtering step's window to FILE, a line
-    /// each: send time, herald's stamp (0 without one) and receive time, µs since the UNIX
-    /// epoch. To find where a tail comes from; ~50 bytes a delivery on disk, 24 in memory
-    /// until the step ends.
+    /// each: send time, herald's stamp (0 without one), receive time, and when the bytes
+    /// reached the bench's socket (the kernel's stamp; 0 without one), µs since the UNIX
+    /// epoch; the report then splits herald → subscriber at that stamp. To find where a tail
+    /// comes from; ~68 bytes a delivery on disk, 32 in memory until the step ends.
     #[arg(long, value_name = "FILE")]
     pub samples: Option<PathBuf>,
 

@@ -53,6 +53,10 @@ pub struct ClientSpec {
     /// Keep every delivery's (send, herald's stamp, receive) in the window, not only the
     /// histograms (the proxy scenario; a fan-out with `--samples`).
     pub record_raw: bool,
+    /// Ask the kernel when each read's bytes arrived ([`WsClient::stamp_arrivals`]), kept in
+    /// the raw samples: a diagnostic run's (`--samples`) split of herald → subscriber.
+    #[serde(default)]
+    pub stamp_arrivals: bool,
     /// Samples to reserve room for at a window's first: a list grown by doubling copies
     /// itself, a stall of milliseconds once it holds millions.
     pub raw_reserve: usize,
@@ -176,8 +180,9 @@ impl Progress {
     }
 }
 
-/// One raw latency sample: (send µs, herald ts µs or 0, receive µs).
-pub type RawSample = (u64, u64, u64);
+/// One raw latency sample: (send µs, herald ts µs or 0, receive µs, the kernel's receive time
+/// of the read that completed it µs or 0), µs since the UNIX epoch.
+pub type RawSample = (u64, u64, u64, u64);
 
 /// What a pool measured since the previous collect (histograms, window counts) and in total
 /// (integrity, which also holds the loss counted so far).
@@ -406,7 +411,9 @@ impl Local {
     /// Counts a delivery to the subscriber in `slot` received at `recv_us`, and records its
     /// latencies when it was received inside the measuring window. The subscriber's own
     /// histogram is allocated at its first delivery, window or not (see [`crate::fairness`]).
-    fn on_delivery(&mut self, slot: usize, d: &wire::Delivery, recv_us: u64) {
+    /// Counts a delivery received at `recv_us` whose bytes reached the socket at `arrived_us`
+    /// (0 when reads are not stamped).
+    fn on_delivery(&mut self, slot: usize, d: &wire::Delivery, recv_us: u64, arrived_us: u64) {
         let ws = self.shared.win_start_us.load(Relaxed);
         let we = self.shared.win_end_us.load(Relaxed);
         self.subscribers[slot].allocate();
@@ -428,7 +435,7 @@ impl Local {
                 if w.raw.capacity() == 0 {
                     w.raw.reserve(self.spec.raw_reserve);
                 }
-                w.raw.push((send, d.ts.unwrap_or(0), recv_us));
+                w.raw.push((send, d.ts.unwrap_or(0), recv_us, arrived_us));
             }
         }
     }
@@ -527,7 +534,12 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
     let stream = sock.connect(addr).await?;
     stream.set_nodelay(true)?;
     let path = url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    WsClient::handshake(stream, &format!("{host}:{port}"), path, spec.max_message).await
+    let mut ws =
+        WsClient::handshake(stream, &format!("{host}:{port}"), path, spec.max_message).await?;
+    if spec.stamp_arrivals {
+        ws.stamp_arrivals()?;
+    }
+    Ok(ws)
 }
 
 async fn client(local: Rc<RefCell<Local>>, id: u64) {
@@ -612,7 +624,7 @@ impl Receiver {
     async fn run(mut self, mut ws: WsClient) {
         let (shared, id) = (self.shared.clone(), self.id);
         loop {
-            let msg = match ws.next().await {
+            let (msg, arrived_us) = match ws.next().await {
                 Ok(m) => m,
                 Err(e) => {
                     if !shared.stop.load(Relaxed) {
@@ -640,11 +652,11 @@ impl Receiver {
                     return;
                 }
             };
-            self.handle(inc, recv_us);
+            self.handle(inc, recv_us, arrived_us);
         }
     }
 
-    fn handle(&mut self, inc: Incoming<'_>, recv_us: u64) {
+    fn handle(&mut self, inc: Incoming<'_>, recv_us: u64, arrived_us: u64) {
         let shared = &self.shared;
         match inc {
             Incoming::Msg(d) => {
@@ -659,7 +671,7 @@ impl Receiver {
                 } else {
                     l.counts.received += 1;
                 }
-                l.on_delivery(self.slot, &d, recv_us);
+                l.on_delivery(self.slot, &d, recv_us, arrived_us);
             }
             Incoming::Dropped { topic, count } => {
                 let mut l = self.local.borrow_mut();
@@ -771,7 +783,7 @@ mod tests {
         };
         shared.win_start_us.store(2_000, Relaxed);
         shared.win_end_us.store(3_000, Relaxed);
-        local.on_delivery(0, &d, 1_100);
+        local.on_delivery(0, &d, 1_100, 0);
         assert!(
             local.subscribers[0].is_allocated(),
             "allocated in the warm-up"
@@ -780,12 +792,12 @@ mod tests {
             (local.window.window_received, local.window.latency.len()),
             (0, 0)
         );
-        local.on_delivery(0, &d, 2_100);
+        local.on_delivery(0, &d, 2_100, 0);
         let w = &local.window;
         assert_eq!((w.window_received, w.window_bytes), (1, 50));
         assert_eq!(w.latency.max(), 1_100);
         assert_eq!(w.pub_to_server.max(), 50);
-        local.on_delivery(0, &d, 3_000);
+        local.on_delivery(0, &d, 3_000, 0);
         assert_eq!(
             local.window.window_received, 1,
             "the window's end is outside it"
@@ -804,6 +816,7 @@ mod tests {
             max_message: 1,
             bind_sources: false,
             record_raw: false,
+            stamp_arrivals: false,
             raw_reserve: 0,
             trader: None,
         }

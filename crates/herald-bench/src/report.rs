@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::arrivals::ArrivalLegs;
 use crate::fairness::Fairness;
 use crate::loopback;
 use crate::scenario::Kind;
@@ -63,6 +64,10 @@ pub struct StepResult {
     /// herald → subscriber (receive − `ts`), µs, when stamping.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_to_sub_us: Option<Summary>,
+    /// herald → subscriber split at the bench's kernel (fan-out and filtering steps run with
+    /// `--samples`; see [`crate::arrivals`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_legs: Option<ArrivalLegs>,
     /// The spread of the subscribers' own p99s (fan-out and filtering steps, when at least one
     /// subscriber had enough samples).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -369,6 +374,27 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
                         fmt_us(s.server_to_sub_us.as_ref()?.mean),
                         fmt_us(s.server_to_sub_us.as_ref()?.p99)
                     )))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        if steps.iter().any(|s| s.arrival_legs.is_some()) {
+            let _ = writeln!(
+                o,
+                "herald → subscriber split at the bench's kernel (µs, mean / p99: herald → kernel, kernel → bench; the slowest 0.1%'s medians: publish → herald, herald → kernel, kernel → bench): {}\n",
+                steps
+                    .iter()
+                    .filter_map(|s| s.arrival_legs.as_ref())
+                    .map(|a| format!(
+                        "{} / {}, {} / {}; {}, {}, {}",
+                        fmt_us(a.herald_to_kernel_us.mean),
+                        fmt_us(a.herald_to_kernel_us.p99),
+                        fmt_us(a.kernel_to_bench_us.mean),
+                        fmt_us(a.kernel_to_bench_us.p99),
+                        fmt_us(a.slowest.publish_to_herald_us),
+                        fmt_us(a.slowest.herald_to_kernel_us),
+                        fmt_us(a.slowest.kernel_to_bench_us)
+                    ))
                     .collect::<Vec<_>>()
                     .join("; ")
             );

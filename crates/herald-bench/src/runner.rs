@@ -231,6 +231,7 @@ fn client_spec(ctx: &Ctx, p: &Params, max_message: usize) -> ClientSpec {
         max_message,
         bind_sources: p.clients > 25_000,
         record_raw: false,
+        stamp_arrivals: false,
         raw_reserve: 0,
         trader: None,
     }
@@ -407,6 +408,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let mut spec = client_spec(ctx, p, max_message);
     if ctx.samples.is_some() {
         spec.record_raw = true;
+        spec.stamp_arrivals = true;
         spec.raw_reserve = (p.rate * spread_fanout(p) * p.duration * 1.05) as usize;
     }
     let (groups, ranges) = start_groups(&spec, p, p.clients)?;
@@ -498,6 +500,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         write_samples(out, label, p, &snap.raw).context("cannot write the --samples file")?;
     }
     let mut r = base_result(ctx, p, &snap, wall, my_cpu + worker_cpu);
+    r.arrival_legs = crate::arrivals::split(&snap.raw);
     // One window, one collect: each subscriber's p99 covers the same time (the steps that
     // collect several times would list a subscriber once per collect).
     r.fairness = Fairness::of(&snap.sub_p99, &snap.latency);
@@ -533,8 +536,10 @@ fn short_window(measured_s: f64, asked_s: f64) -> Option<String> {
 }
 
 /// Appends a step's deliveries to the `--samples` file: a comment line naming the step, then
-/// one line per delivery, "send stamp receive" (µs since the UNIX epoch; stamp 0 when the
-/// publisher did not ask herald for one), in no particular order.
+/// one line per delivery, "send stamp receive arrived" (µs since the UNIX epoch; stamp 0 when
+/// the publisher did not ask herald for one; arrived, when the read that completed the message
+/// reached the bench's socket by the kernel's stamp, 0 without one: see [`crate::arrivals`]),
+/// in no particular order.
 fn write_samples(
     out: &mut impl std::io::Write,
     label: &str,
@@ -543,14 +548,14 @@ fn write_samples(
 ) -> Result<()> {
     writeln!(
         out,
-        "# {label}: clients {}, rate {}, discard_rate {}, {} deliveries: send_us stamp_us receive_us",
+        "# {label}: clients {}, rate {}, discard_rate {}, {} deliveries: send_us stamp_us receive_us arrived_us",
         p.clients,
         p.rate,
         p.discard_rate,
         raw.len()
     )?;
-    for (send, stamp, receive) in raw {
-        writeln!(out, "{send} {stamp} {receive}")?;
+    for (send, stamp, receive, arrived) in raw {
+        writeln!(out, "{send} {stamp} {receive} {arrived}")?;
     }
     out.flush()?;
     Ok(())
@@ -680,17 +685,17 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         let l1: Vec<i64> = snap
             .raw
             .iter()
-            .map(|&(s, ts, _)| ts as i64 - s as i64)
+            .map(|&(s, ts, _, _)| ts as i64 - s as i64)
             .collect();
         let l2: Vec<i64> = snap
             .raw
             .iter()
-            .map(|&(_, ts, r)| r as i64 - ts as i64)
+            .map(|&(_, ts, r, _)| r as i64 - ts as i64)
             .collect();
         let e2e: Vec<i64> = snap
             .raw
             .iter()
-            .map(|&(s, _, r)| r as i64 - s as i64)
+            .map(|&(s, _, r, _)| r as i64 - s as i64)
             .collect();
         per_trial[0].push(Summary::from_values(&l1));
         per_trial[1].push(Summary::from_values(&l2));

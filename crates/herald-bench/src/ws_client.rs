@@ -11,6 +11,7 @@
 //! reading server frames (text, binary, continuation, close; pings are answered).
 
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
@@ -21,6 +22,11 @@ use tokio::io::Interest;
 pub struct WsClient {
     writer: WsWriter,
     reader: FrameReader,
+    /// Whether reads ask the kernel when the bytes arrived ([`WsClient::stamp_arrivals`]).
+    stamping: bool,
+    /// The kernel's receive time of the last segment the latest read took, µs since the UNIX
+    /// epoch (0 until a stamped read).
+    arrived_us: u64,
 }
 
 /// The sending half: cheap to clone, so a trader task can publish while the receiver reads.
@@ -53,6 +59,8 @@ impl WsClient {
         let mut client = WsClient {
             writer: WsWriter(Rc::new(fd)),
             reader: FrameReader::new(max_message),
+            stamping: false,
+            arrived_us: 0,
         };
         let request = format!(
             "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -80,8 +88,21 @@ impl WsClient {
         self.writer.clone()
     }
 
-    /// The next complete message. Control frames are handled here (a ping is answered).
-    pub async fn next(&mut self) -> Result<ServerMessage<'_>> {
+    /// From now on, each read also asks the kernel when the bytes it takes arrived
+    /// (`SO_TIMESTAMPNS`): [`WsClient::next`] then tells when the message's last segment
+    /// reached this socket, which splits herald → subscriber into herald's part (until its
+    /// write) and the bench's (until it read). It turns on the kernel's receive stamps for
+    /// every socket on the machine, so only a diagnostic run asks for it (`--samples`).
+    pub fn stamp_arrivals(&mut self) -> Result<()> {
+        stamp_arrivals_on(self.writer.0.as_raw_fd()).context("cannot turn on SO_TIMESTAMPNS")?;
+        self.stamping = true;
+        Ok(())
+    }
+
+    /// The next complete message, and when its last bytes reached this socket (µs since the
+    /// UNIX epoch, with [`WsClient::stamp_arrivals`]; else 0). Control frames are handled
+    /// here (a ping is answered).
+    pub async fn next(&mut self) -> Result<(ServerMessage<'_>, u64)> {
         loop {
             match self.reader.parse()? {
                 Parsed::Message => break,
@@ -98,7 +119,10 @@ impl WsClient {
                 }
             }
         }
-        Ok(self.reader.message())
+        // A message is complete only once the read that brought its last bytes is in: the
+        // latest read's stamp is its arrival.
+        let arrived_us = self.arrived_us;
+        Ok((self.reader.message(), arrived_us))
     }
 
     /// Reads once from the socket into the buffer; 0 means end of stream.
@@ -107,8 +131,16 @@ impl WsClient {
             let mut guard = self.writer.0.readable().await?;
             let spare = self.reader.spare();
             let want = spare.len();
-            match guard.try_io(|s| s.get_ref().read(spare)) {
-                Ok(Ok(n)) => {
+            let stamping = self.stamping;
+            let read = guard.try_io(|s| match stamping {
+                false => s.get_ref().read(spare).map(|n| (n, None)),
+                true => read_stamped(s.as_raw_fd(), spare),
+            });
+            match read {
+                Ok(Ok((n, arrived))) => {
+                    if let Some(us) = arrived {
+                        self.arrived_us = us;
+                    }
                     if n > 0 && n < want {
                         // A short read emptied the socket: skip the read that would only
                         // return WouldBlock. New data raises a new edge.
@@ -123,6 +155,65 @@ impl WsClient {
             }
         }
     }
+}
+
+/// Asks the kernel to stamp what socket `fd` receives (`SO_TIMESTAMPNS`), for
+/// [`read_stamped`].
+fn stamp_arrivals_on(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: an int option of the right size, on a descriptor the caller owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// `read`, by `recvmsg`, also returning the kernel's receive time (`SCM_TIMESTAMPNS`, µs
+/// since the UNIX epoch) of the last segment taken, when the socket stamps arrivals. TCP
+/// reports the last segment's only: for bytes that arrived earlier in the same read it is
+/// later than their arrival.
+fn read_stamped(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one timespec cmsg, aligned as a cmsghdr needs.
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid (no name, no iovecs, no control) before the fields
+    // set below point it at live buffers, which outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: `msg` describes `buf` and `control`, both writable for their lengths.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut arrived = None;
+    // SAFETY: the CMSG_* walk stays within the `msg_controllen` the kernel set, and a
+    // SCM_TIMESTAMPNS payload is a timespec (read unaligned to be safe).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                arrived = Some(ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, arrived))
 }
 
 impl WsWriter {
@@ -370,6 +461,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_stamped_read_tells_when_the_bytes_arrived() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut sender = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (receiver, _) = listener.accept().unwrap();
+        stamp_arrivals_on(receiver.as_raw_fd()).unwrap();
+        let before = crate::wire::now_us();
+        sender.write_all(b"hello").unwrap();
+        let after = crate::wire::now_us();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut buf = [0u8; 64];
+        let (n, arrived) = read_stamped(receiver.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        // Stamped by the kernel during the write, not 20 ms later at the read.
+        let arrived = arrived.expect("a receive stamp");
+        assert!(
+            (before..=after + 1).contains(&arrived),
+            "{before} <= {arrived} <= {after}"
+        );
+        // Without the option a read gives no stamp.
+        let mut sender = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (receiver, _) = listener.accept().unwrap();
+        sender.write_all(b"hi").unwrap();
+        let (n, arrived) = read_stamped(receiver.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((&buf[..n], arrived), (&b"hi"[..], None));
     }
 
     #[test]

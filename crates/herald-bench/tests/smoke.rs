@@ -228,7 +228,9 @@ fn solace_very_high() {
 
 /// `--samples` writes every delivery of the window, one line each, as many as the report's
 /// `received`; each was received after it was sent and after herald stamped it (one clock,
-/// one host; herald's stamp is the time its reader last waited, so it may precede the send).
+/// one host; herald's stamp is the time its reader last waited, so it may precede the send),
+/// and reached the bench's socket (the kernel's stamp) after herald's stamp and before the
+/// bench read it. The report splits herald → subscriber at that stamp.
 #[test]
 fn samples_hold_every_delivery_of_the_window() {
     let dir = tempfile::tempdir().unwrap();
@@ -246,14 +248,21 @@ fn samples_hold_every_delivery_of_the_window() {
     let mut n = 0u64;
     for line in lines {
         let t: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
-        let [send, stamp, receive] = t[..] else {
-            panic!("three fields: {line}")
+        let [send, stamp, receive, arrived] = t[..] else {
+            panic!("four fields: {line}")
         };
         assert!(send <= receive && stamp <= receive && stamp > 0, "{line}");
+        assert!(stamp <= arrived && arrived <= receive, "{line}");
         n += 1;
     }
     assert!(n > 0);
     assert_eq!(n, v["steps"][0]["received"].as_u64().unwrap());
+    let legs = &v["steps"][0]["arrival_legs"];
+    for leg in ["herald_to_kernel_us", "kernel_to_bench_us"] {
+        assert_eq!(legs[leg]["count"].as_u64(), Some(n), "{leg}: {legs}");
+    }
+    let slowest = legs["slowest"]["deliveries"].as_u64().unwrap();
+    assert!((1..=n).contains(&slowest), "{legs}");
     // Other kinds have no such window: a clear error, not a file left empty.
     let out = run_raw(
         "proxy-latency",
