@@ -50,8 +50,8 @@ pub struct ClientSpec {
     /// Bind each client to a source address in 127.1.0.0/16, 20,000 clients per address, so
     /// more connections than the ephemeral port range can be opened to one server.
     pub bind_sources: bool,
-    /// Keep every delivery's (send, herald's stamp, receive) in the window, not only the
-    /// histograms (the proxy scenario; a fan-out with `--samples`).
+    /// Keep every delivery's (send, herald's stamp, receive, arrival) in the window, not only
+    /// the histograms (the proxy scenario; a fan-out with `--samples`).
     pub record_raw: bool,
     /// Ask the kernel when each read's bytes arrived ([`WsClient::stamp_arrivals`]), kept in
     /// the raw samples: a diagnostic run's (`--samples`) split of herald → subscriber.
@@ -408,11 +408,10 @@ impl Local {
         }
     }
 
-    /// Counts a delivery to the subscriber in `slot` received at `recv_us`, and records its
-    /// latencies when it was received inside the measuring window. The subscriber's own
-    /// histogram is allocated at its first delivery, window or not (see [`crate::fairness`]).
-    /// Counts a delivery received at `recv_us` whose bytes reached the socket at `arrived_us`
-    /// (0 when reads are not stamped).
+    /// Counts a delivery to the subscriber in `slot` received at `recv_us` (its bytes reached
+    /// the socket at `arrived_us`, 0 when reads are not stamped), and records its latencies
+    /// when it was received inside the measuring window. The subscriber's own histogram is
+    /// allocated at its first delivery, window or not (see [`crate::fairness`]).
     fn on_delivery(&mut self, slot: usize, d: &wire::Delivery, recv_us: u64, arrived_us: u64) {
         let ws = self.shared.win_start_us.load(Relaxed);
         let we = self.shared.win_end_us.load(Relaxed);
