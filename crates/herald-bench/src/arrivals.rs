@@ -6,7 +6,10 @@
 //! subscribers asks the kernel when its bytes arrived (`SO_TIMESTAMPNS`; on loopback that is
 //! during herald's write), which splits the leg in two. TCP reports the arrival of the last
 //! segment a read takes: a message that came earlier in the same read looks written later than
-//! it was, so herald's part here is an upper bound and the bench's a lower bound.
+//! it was, so herald's part here is an upper bound and the bench's a lower bound. The kernel
+//! turns its stamps on from a work queue a moment after the first socket asks, so the first
+//! reads of a run may come unstamped (`arrived` 0): they are left out, and the warm-up covers
+//! them.
 
 use crate::load::RawSample;
 use crate::stats::Summary;

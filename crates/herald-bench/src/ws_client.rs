@@ -469,11 +469,27 @@ mod tests {
         let mut sender = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (receiver, _) = listener.accept().unwrap();
         stamp_arrivals_on(receiver.as_raw_fd()).unwrap();
+        let mut buf = [0u8; 64];
+        // The kernel turns its receive stamps on from a work queue, a moment after the first
+        // socket asks (unless another already had): until then reads come unstamped.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            sender.write_all(b".").unwrap();
+            let (n, arrived) = read_stamped(receiver.as_raw_fd(), &mut buf).unwrap();
+            assert_eq!(&buf[..n], b".");
+            if arrived.is_some() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no stamped read in 5 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let before = crate::wire::now_us();
         sender.write_all(b"hello").unwrap();
         let after = crate::wire::now_us();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let mut buf = [0u8; 64];
         let (n, arrived) = read_stamped(receiver.as_raw_fd(), &mut buf).unwrap();
         assert_eq!(&buf[..n], b"hello");
         // Stamped by the kernel during the write, not 20 ms later at the read.
