@@ -361,54 +361,44 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
             );
         }
         let _ = writeln!(o);
-        if steps.iter().any(|s| s.pub_to_server_us.is_some()) {
-            let _ = writeln!(
-                o,
-                "Legs (µs, mean / p99): publish → herald, herald → subscriber: {}\n",
-                steps
-                    .iter()
-                    .filter_map(|s| Some(format!(
-                        "{} / {}, {} / {}",
-                        fmt_us(s.pub_to_server_us.as_ref()?.mean),
-                        fmt_us(s.pub_to_server_us.as_ref()?.p99),
-                        fmt_us(s.server_to_sub_us.as_ref()?.mean),
-                        fmt_us(s.server_to_sub_us.as_ref()?.p99)
-                    )))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
-        }
-        if steps.iter().any(|s| s.arrival_legs.is_some()) {
-            let _ = writeln!(
-                o,
-                "herald → subscriber split at the bench's kernel (µs, mean / p99: herald → kernel, kernel → bench; the slowest 0.1%'s medians: publish → herald, herald → kernel, kernel → bench): {}\n",
-                steps
-                    .iter()
-                    .filter_map(|s| s.arrival_legs.as_ref())
-                    .map(|a| format!(
-                        "{} / {}, {} / {}; {}, {}, {}",
-                        fmt_us(a.herald_to_kernel_us.mean),
-                        fmt_us(a.herald_to_kernel_us.p99),
-                        fmt_us(a.kernel_to_bench_us.mean),
-                        fmt_us(a.kernel_to_bench_us.p99),
-                        fmt_us(a.slowest.publish_to_herald_us),
-                        fmt_us(a.slowest.herald_to_kernel_us),
-                        fmt_us(a.slowest.kernel_to_bench_us)
-                    ))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
-        }
-        if steps.iter().any(|s| s.fairness.is_some()) {
-            let _ = writeln!(
-                o,
-                "Fairness (each subscriber's p99, µs: best / median / worst, worst ÷ best, subscribers; worst ÷ best by chance alone): {}\n",
-                steps
-                    .iter()
-                    .filter_map(|s| s.fairness.as_ref().map(fairness_cells))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
+        per_step_line(
+            o,
+            "Legs (µs, mean / p99): publish → herald, herald → subscriber",
+            &steps,
+            |s| {
+                Some(format!(
+                    "{} / {}, {} / {}",
+                    fmt_us(s.pub_to_server_us.as_ref()?.mean),
+                    fmt_us(s.pub_to_server_us.as_ref()?.p99),
+                    fmt_us(s.server_to_sub_us.as_ref()?.mean),
+                    fmt_us(s.server_to_sub_us.as_ref()?.p99)
+                ))
+            },
+        );
+        per_step_line(
+            o,
+            "herald → subscriber split at the bench's kernel (µs, mean / p99: herald → kernel, kernel → bench; the slowest 0.1%'s medians: publish → herald, herald → kernel, kernel → bench)",
+            &steps,
+            |s| {
+                let a = s.arrival_legs.as_ref()?;
+                Some(format!(
+                    "{} / {}, {} / {}; {}, {}, {}",
+                    fmt_us(a.herald_to_kernel_us.mean),
+                    fmt_us(a.herald_to_kernel_us.p99),
+                    fmt_us(a.kernel_to_bench_us.mean),
+                    fmt_us(a.kernel_to_bench_us.p99),
+                    fmt_us(a.slowest.publish_to_herald_us),
+                    fmt_us(a.slowest.herald_to_kernel_us),
+                    fmt_us(a.slowest.kernel_to_bench_us)
+                ))
+            },
+        );
+        if per_step_line(
+            o,
+            "Fairness (each subscriber's p99, µs: best / median / worst, worst ÷ best, subscribers; worst ÷ best by chance alone)",
+            &steps,
+            |s| s.fairness.as_ref().map(fairness_cells),
+        ) {
             // Where chance alone spreads the p99s past the 1.5× that issue 4 asks for, the
             // measured spread cannot show fairness either way: say so, and what helps.
             let noisy = steps
@@ -423,6 +413,22 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
             }
         }
     }
+}
+
+/// Writes "HEADING: cells; cells; …" over the steps that have cells, and a blank line; nothing
+/// (and false) when none has.
+fn per_step_line(
+    o: &mut String,
+    heading: &str,
+    steps: &[&StepResult],
+    cells: impl Fn(&StepResult) -> Option<String>,
+) -> bool {
+    let cells: Vec<String> = steps.iter().filter_map(|s| cells(s)).collect();
+    if cells.is_empty() {
+        return false;
+    }
+    let _ = writeln!(o, "{heading}: {}\n", cells.join("; "));
+    true
 }
 
 /// Above this spread by chance alone, the report notes that the window is too short for the
