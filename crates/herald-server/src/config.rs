@@ -45,6 +45,9 @@ pub struct Config {
     /// How long a publish waits for a `lossless` subscriber's credit before that subscriber is
     /// disconnected and the publish goes ahead (milliseconds).
     pub lossless_hold_timeout_ms: u64,
+    /// Whether the kernel may give `herald serve` transparent huge pages; off by default, for
+    /// the latency tail (see [`crate::process::set_transparent_huge_pages`]).
+    pub transparent_huge_pages: bool,
 }
 
 impl Default for Config {
@@ -64,6 +67,7 @@ impl Default for Config {
             nats: None,
             policy: engine.policy,
             lossless_hold_timeout_ms: 5000,
+            transparent_huge_pages: false,
         }
     }
 }
@@ -78,6 +82,7 @@ const ENV_KEYS: &[&str] = &[
     "max_connections",
     "shutdown_grace_secs",
     "lossless_hold_timeout_ms",
+    "transparent_huge_pages",
 ];
 
 /// Keys of the `[auth]` and `[tls]` sections that `HERALD_*` variables may set, as (variable

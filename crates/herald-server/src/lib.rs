@@ -16,6 +16,7 @@
 //! - [`introspect`]: `GET /api/stats` and `GET /api/topics` (JSON) for the dashboard.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
 //! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
 //! - [`jetstream`]: durable history in NATS JetStream (`[nats] jetstream = true`).
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
@@ -40,6 +41,7 @@ pub mod listener;
 pub mod metrics;
 pub mod nats;
 pub mod node;
+pub mod process;
 pub mod socket;
 pub mod tls;
 pub mod upload;
@@ -125,23 +127,5 @@ impl Server {
         }
         tracing::info!("herald stopped");
         Ok(())
-    }
-}
-
-/// Raises this process's open-file limit to its hard maximum: every connection is a file.
-pub fn raise_open_file_limit() {
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
-    unsafe {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                tracing::warn!("could not raise the open-file limit");
-            }
-        }
     }
 }

@@ -82,7 +82,7 @@ fn p99(mut v: Vec<u64>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_are_stopped_and_a_good_subscriber_keeps_its_latency() {
-    herald_server::raise_open_file_limit();
+    herald_server::process::raise_open_file_limit();
     let config = Config {
         max_outbound_bytes: 256 << 10,
         limits: LimitsConfig {

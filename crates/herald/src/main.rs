@@ -50,7 +50,15 @@ fn main() -> ExitCode {
             Command::Pub(args) => publish::run(args).await,
             Command::Sub(args) => subscribe::run(args).await,
             Command::Token(args) => token::run(args),
-            Command::Bench(args) => herald_bench::run(*args).await,
+            Command::Bench(args) => {
+                // A stall of the bench's own counts as herald's latency, so the bench takes no
+                // huge pages either. A server it spawns inherits this; `herald serve` then sets
+                // its own from its configuration.
+                if let Err(e) = herald_server::process::set_transparent_huge_pages(false) {
+                    eprintln!("herald bench: cannot turn transparent huge pages off: {e}");
+                }
+                herald_bench::run(*args).await
+            }
         }
     });
     match result {

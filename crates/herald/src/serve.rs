@@ -124,7 +124,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
     }
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
-    herald_server::raise_open_file_limit();
+    herald_server::process::raise_open_file_limit();
+    if let Err(e) =
+        herald_server::process::set_transparent_huge_pages(config.transparent_huge_pages)
+    {
+        tracing::warn!(error = %e, "cannot set transparent huge pages as configured");
+    }
     // Before the listener exists: a SIGTERM as soon as herald accepts connections must already
     // be a graceful stop, not the default (die).
     let shutdown = shutdown_signal()?;

@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,17 +26,27 @@ impl Serve {
 
     /// `herald serve` with extra arguments; `admin_key` is the key those arguments configure.
     fn start_with(extra: &[&str], admin_key: Option<&str>) -> Serve {
+        Serve::start_custom(extra, admin_key, |_| {})
+    }
+
+    /// [`Serve::start_with`], the command first given to `customize` (environment, pre-exec).
+    fn start_custom(
+        extra: &[&str],
+        admin_key: Option<&str>,
+        customize: impl FnOnce(&mut Command),
+    ) -> Serve {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new(HERALD)
+        let mut command = Command::new(HERALD);
+        command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        customize(&mut command);
+        let child = command.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -87,7 +98,8 @@ impl Serve {
     }
 
     fn stop(mut self) -> String {
-        unsafe { libc_kill(self.child.id() as i32, 15) };
+        // SAFETY: kill(2) on the child this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -129,11 +141,6 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
 /// Starts `herald sub`, waits until its subscription is active (the server counts it), and
@@ -540,13 +547,42 @@ fn sigterm_logs_and_exits_zero() {
     assert!(logs.contains("herald stopped"), "{logs}");
 }
 
-/// The server's resident memory now (`VmRSS`, bytes).
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+/// A line of `/proc/PID/status`, after its `key:`.
+fn proc_status(pid: u32, key: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+#[test]
+fn serve_takes_no_transparent_huge_pages_unless_configured_to() {
+    let serve = Serve::start();
+    let thp = proc_status(serve.child.id(), "THP_enabled");
+    serve.stop();
+    assert_eq!(thp.as_deref(), Some("0"), "the default: off");
+
+    // Configured on, under a parent that had turned them off (children inherit that): on again.
+    let serve = Serve::start_custom(&[], None, |command| {
+        command.env("HERALD_TRANSPARENT_HUGE_PAGES", "true");
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| match libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+    });
+    let thp = proc_status(serve.child.id(), "THP_enabled");
+    serve.stop();
+    assert_eq!(thp.as_deref(), Some("1"), "configured on");
+}
+
+/// The server's resident memory now (`VmRSS`, bytes).
+fn rss_bytes(pid: u32) -> u64 {
+    proc_status(pid, "VmRSS")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
 

@@ -43,12 +43,7 @@ fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
 
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill(2) on a child this test started.
-    unsafe { libc_kill(child.id() as i32, sig) };
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
+    unsafe { libc::kill(child.id() as i32, sig) };
 }
 
 /// A `nats-server` with JetStream in a temporary directory; restartable on the same port.
@@ -432,7 +427,7 @@ fn a_stalled_nats_keeps_memory_bounded() {
     wait_for("B's subscriber", 10, || {
         b.metric("herald_subscriptions") == 1
     });
-    signal(&nats.child, 19); // SIGSTOP: the connection stays open, nothing moves.
+    signal(&nats.child, libc::SIGSTOP); // the connection stays open, nothing moves.
     let payload = noise(256 << 10, 3);
     for _ in 0..200 {
         a.publish("bulk", &payload); // 50 MiB offered
@@ -440,7 +435,7 @@ fn a_stalled_nats_keeps_memory_bounded() {
     let pending = a.metric("herald_cluster_pending_bytes");
     assert!(pending <= 4 << 20, "pending {pending} within the bound");
     assert!(a.metric("herald_cluster_not_carried_total") > 0);
-    signal(&nats.child, 18); // SIGCONT
+    signal(&nats.child, libc::SIGCONT);
     wait_for("A's queue to drain", 20, || {
         a.metric("herald_cluster_pending_bytes") == 0
     });
