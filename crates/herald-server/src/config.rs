@@ -178,6 +178,7 @@ mod tests {
                 listen = "127.0.0.1:9000"
                 max_connections = 5
                 max_outbound_bytes = 1000
+                transparent_huge_pages = true
                 [[history]]
                 pattern = "quotes/>"
                 max_messages = 7
@@ -194,6 +195,7 @@ mod tests {
             assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
             assert_eq!(c.max_connections, 6);
             assert_eq!(c.max_outbound_bytes, 1000);
+            assert!(c.transparent_huge_pages && !Config::default().transparent_huge_pages);
             assert_eq!(c.history.len(), 1);
             assert_eq!(
                 (c.policy[0].policy, c.policy[0].max_rate),
