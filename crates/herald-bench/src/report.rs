@@ -12,6 +12,7 @@ use crate::fairness::Fairness;
 use crate::loopback;
 use crate::scenario::Kind;
 use crate::stats::Summary;
+use crate::sys::Contention;
 
 /// The result of one step. The first fields are the contract scripts rely on (docs/bench.md).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -72,6 +73,10 @@ pub struct StepResult {
     /// subscriber had enough samples).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fairness: Option<Fairness>,
+    /// What else took the cores in the window (fan-out and filtering steps): the spawned
+    /// server kept from its core, the host's steal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<Contention>,
     /// Kind-specific figures (discard rate, images/s, tx/s, per-trial leg tables …).
     pub extra: serde_json::Map<String, serde_json::Value>,
     /// The first distinct errors seen.
@@ -390,6 +395,21 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
                     fmt_us(a.slowest.publish_to_herald_us),
                     fmt_us(a.slowest.herald_to_kernel_us),
                     fmt_us(a.slowest.kernel_to_bench_us)
+                ))
+            },
+        );
+        per_step_line(
+            o,
+            "Others on the cores (ms in the window: herald runnable while another task held its core; the host's steal, per core)",
+            &steps,
+            |s| {
+                let c = s.contention.as_ref()?;
+                let steal: Vec<String> = c.steal_ms.iter().map(|ms| format!("{ms:.0}")).collect();
+                Some(format!(
+                    "{}, steal {}",
+                    c.server_waited_ms
+                        .map_or("–".into(), |ms| format!("{ms:.1}")),
+                    steal.join(" / ")
                 ))
             },
         );

@@ -485,6 +485,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     })?;
     let (my_cpu, wall) = cpu.read();
     let server_cores = cpu.server_cores();
+    let contention = cpu.contention();
     let (s1, d1) = (sent(&pubs), sent(&discard));
     let mut snap = collect_all(&groups)?;
     let worker_cpu = snap.cpu_s;
@@ -505,6 +506,7 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     // collect several times would list a subscriber once per collect).
     r.fairness = Fairness::of(&snap.sub_p99, &snap.latency);
     r.server_cpu_cores = server_cores;
+    r.contention = Some(contention);
     r.publish_rate = (s1 - s0) as f64 / wall;
     r.publish_expected = p.rate;
     r.egress_expected = p.rate * spread_fanout(p);

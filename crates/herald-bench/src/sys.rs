@@ -1,4 +1,5 @@
-//! The few OS facts the bench needs: its own CPU time, CPU affinity and the open-file limit.
+//! The few OS facts the bench needs: its own CPU time, CPU affinity, the open-file limit, and
+//! what else took the server's core.
 
 /// CPU seconds (user + system) used so far by this process, all threads.
 pub fn cpu_seconds() -> f64 {
@@ -133,12 +134,63 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / if hz > 0 { hz as f64 } else { 100.0 })
 }
 
-/// Measures this process's CPU use over an interval (and a spawned server's, when given).
-#[derive(Debug, Clone, Copy)]
+/// Nanoseconds the threads of a process have spent runnable but not running: on a core of
+/// its own, the time other tasks (kernel threads like `kdamond`, interrupts' threads) held it.
+/// Sums `/proc/PID/task/*/schedstat` (its second field); threads gone since are not counted.
+pub fn process_run_delay_ns(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat
+            .split_whitespace()
+            .nth(1)
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
+}
+
+/// Each core's steal so far (`/proc/stat`, the eighth figure of `cpuN`), in ms: time the
+/// hypervisor gave the virtual core's host CPU to someone else. Counted in ticks (10 ms here).
+pub fn steal_ms_per_core() -> Vec<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ms_per_tick = 1000.0 / if hz > 0 { hz as f64 } else { 100.0 };
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            l.split_whitespace()
+                .nth(8)
+                .and_then(|w| w.parse::<f64>().ok())
+                .map_or(0.0, |ticks| ticks * ms_per_tick)
+        })
+        .collect()
+}
+
+/// What else took the cores in a window, beside the load: the server waiting for its core while
+/// other tasks ran on it, and the host's steal per core. A tail of a few ms can be either, not
+/// herald's; session 15 found `kdamond` holding a core 1–4 ms every 512 ms (bench/RESULTS.md).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Contention {
+    /// ms the spawned server's threads were runnable but not running (with `--spawn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_waited_ms: Option<f64>,
+    /// ms of steal per core (index = core), as the kernel counts it (in ticks).
+    pub steal_ms: Vec<f64>,
+}
+
+/// Measures this process's CPU use over an interval (and a spawned server's, when given), and
+/// what else took the cores meanwhile ([`Contention`]).
+#[derive(Debug, Clone)]
 pub struct CpuMeter {
     cpu0: f64,
     t0: std::time::Instant,
     server: Option<(u32, f64)>,
+    server_delay_ns: Option<u64>,
+    steal_ms: Vec<f64>,
 }
 
 impl CpuMeter {
@@ -151,6 +203,24 @@ impl CpuMeter {
             cpu0: cpu_seconds(),
             t0: std::time::Instant::now(),
             server: server_pid.and_then(|p| Some((p, process_cpu_seconds(p)?))),
+            server_delay_ns: server_pid.and_then(process_run_delay_ns),
+            steal_ms: steal_ms_per_core(),
+        }
+    }
+
+    /// What else took the cores since start.
+    pub fn contention(&self) -> Contention {
+        let waited = match (self.server, self.server_delay_ns) {
+            (Some((pid, _)), Some(d0)) => process_run_delay_ns(pid).map(|d| d.saturating_sub(d0)),
+            _ => None,
+        };
+        Contention {
+            server_waited_ms: waited.map(|ns| ns as f64 / 1e6),
+            steal_ms: steal_ms_per_core()
+                .iter()
+                .zip(&self.steal_ms)
+                .map(|(now, then)| (now - then).max(0.0))
+                .collect(),
         }
     }
 
@@ -190,5 +260,35 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(me.server_cores().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn contention_sees_a_thread_kept_from_its_core() {
+        let me = std::process::id();
+        let meter = CpuMeter::start_with(Some(me));
+        assert_eq!(steal_ms_per_core().len(), machine_cores());
+        // Two busy threads on one core: each waits while the other runs. Read while they are
+        // still there (a thread's count goes with it).
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = || {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_current_thread(0).unwrap();
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = x.wrapping_mul(31).wrapping_add(1);
+                }
+                std::hint::black_box(x);
+            })
+        };
+        let threads = [busy(), busy()];
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let c = meter.contention();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(c.server_waited_ms.unwrap() > 100.0, "{c:?}");
+        assert_eq!(c.steal_ms.len(), machine_cores());
     }
 }
