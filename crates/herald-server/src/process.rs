@@ -28,7 +28,7 @@ pub fn raise_open_file_limit() {
 /// before, 3–9 ms for memory fresh to it on the 2-core VM herald is measured on, and the kernel
 /// may compact memory first (`defrag = madvise`). Small pages cost more in all (~1.4 ms per
 /// 2 MiB there) but in faults of microseconds, which is what a latency tail needs: the Solace
-/// 3.1.2 load at 200 clients had p99 3.2–3.9 ms with huge pages and 0.3–1.9 ms without, in six
+/// 3.1.2 load at 200 clients had p99 2.7–3.3 ms with huge pages and 0.2–0.8 ms without, in four
 /// alternating pairs (bench/RESULTS.md, session 15). Redis and MongoDB advise the same.
 pub fn set_transparent_huge_pages(allowed: bool) -> std::io::Result<()> {
     let disable = libc::c_ulong::from(!allowed);
