@@ -400,7 +400,7 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
         );
         per_step_line(
             o,
-            "Others on the cores (ms in the window: herald runnable while another task held its core; the host's steal, per core)",
+            "Others on the cores (ms in the window: herald runnable while another task held its core, ksoftirqd included; the host's steal, per core)",
             &steps,
             |s| {
                 let c = s.contention.as_ref()?;

@@ -135,7 +135,8 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// Nanoseconds the threads of a process have spent runnable but not running: on a core of
-/// its own, the time other tasks (kernel threads like `kdamond`, interrupts' threads) held it.
+/// its own, the time other tasks held it (kernel threads like `kdamond`, and `ksoftirqd`
+/// running softirq work the kernel deferred, often the process's own network work).
 /// Sums `/proc/PID/task/*/schedstat` (its second field); threads gone since are not counted.
 pub fn process_run_delay_ns(pid: u32) -> Option<u64> {
     let mut total = 0;
