@@ -1,0 +1,197 @@
+// What a small loopback write costs the writing core, by write(2) one socket at a time or by
+// io_uring, a batch of sends per io_uring_enter(2): the question behind issue 4's target 2,
+// where herald's core at 2,000 subscribers is 84% inside sendmsg.
+//
+// N connected TCP pairs on 127.0.0.1 (TCP_NODELAY, as herald sets). A writer thread pinned to
+// core 0 writes one SIZE-byte message to every connection per round, RATE writes a second in
+// all; a reader thread pinned to core 1 drains them with epoll, as the bench's subscribers do.
+// The cost is core 0's busy time (/proc/stat: everything but idle and iowait, so the softirq
+// work the writes cause is counted) over the writes made.
+//
+//   write_cost N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE]
+//   e.g. write_cost 2000 100000 30 write,uring,uring-fd 32
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <liburing.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static int n_conns;
+static int *writers, *readers;
+static atomic_int done;
+static atomic_long bytes_read;
+
+static void pin(int core) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) perror("sched_setaffinity");
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+// Core `core`'s busy and total jiffies from /proc/stat.
+static void core_ticks(int core, long long *busy, long long *total) {
+    FILE *f = fopen("/proc/stat", "r");
+    char name[16], want[16];
+    snprintf(want, sizeof want, "cpu%d", core);
+    long long v[10] = {0};
+    *busy = *total = 0;
+    while (f && fscanf(f, "%15s %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld%*[^\n]", name,
+                       &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) >= 5) {
+        if (strcmp(name, want) == 0) {
+            for (int i = 0; i < 8; i++) *total += v[i];
+            *busy = *total - v[3] - v[4];
+            break;
+        }
+    }
+    if (f) fclose(f);
+}
+
+static void *reader(void *arg) {
+    (void)arg;
+    pin(1);
+    int ep = epoll_create1(0);
+    for (int i = 0; i < n_conns; i++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = readers[i]};
+        epoll_ctl(ep, EPOLL_CTL_ADD, readers[i], &ev);
+    }
+    static char buf[65536];
+    struct epoll_event evs[256];
+    while (!atomic_load(&done)) {
+        int n = epoll_wait(ep, evs, 256, 100);
+        for (int i = 0; i < n; i++) {
+            ssize_t r = read(evs[i].data.fd, buf, sizeof buf);
+            if (r > 0) atomic_fetch_add(&bytes_read, r);
+        }
+    }
+    return NULL;
+}
+
+static void pair(int listener, struct sockaddr_in *addr, int *w, int *r) {
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (struct sockaddr *)addr, sizeof *addr) != 0) { perror("connect"); exit(1); }
+    int s = accept(listener, NULL, NULL);
+    if (s < 0) { perror("accept"); exit(1); }
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    *w = s;
+    *r = c;
+}
+
+enum mode { SEND, URING_FIXED, URING_FD, MODES };
+static const char *mode_names[MODES] = {"write", "uring", "uring-fd"};
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE]\n"
+                        "  MODE: write (send(2) a socket at a time), uring (io_uring sends, registered\n"
+                        "  files), uring-fd (io_uring sends on the plain descriptors); several modes take\n"
+                        "  turns a second each, so a drifting host weighs on all alike\n", argv[0]);
+        return 2;
+    }
+    n_conns = atoi(argv[1]);
+    double rate = atof(argv[2]), seconds = atof(argv[3]);
+    int modes[MODES], n_modes = 0;
+    for (char *m = strtok(argv[4], ","); m && n_modes < MODES; m = strtok(NULL, ",")) {
+        int found = -1;
+        for (int i = 0; i < MODES; i++) if (strcmp(m, mode_names[i]) == 0) found = i;
+        if (found < 0) { fprintf(stderr, "unknown mode %s\n", m); return 2; }
+        modes[n_modes++] = found;
+    }
+    int batch = argc > 5 ? atoi(argv[5]) : 32;
+    int size = argc > 6 ? atoi(argv[6]) : 96;
+    writers = calloc(n_conns, sizeof *writers);
+    readers = calloc(n_conns, sizeof *readers);
+
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    bind(l, (struct sockaddr *)&addr, sizeof addr);
+    listen(l, 4096);
+    getsockname(l, (struct sockaddr *)&addr, &len);
+    for (int i = 0; i < n_conns; i++) pair(l, &addr, &writers[i], &readers[i]);
+
+    pthread_t rt;
+    pthread_create(&rt, NULL, reader, NULL);
+    pin(0);
+
+    struct io_uring ring;
+    if (io_uring_queue_init(batch * 2, &ring, 0) != 0) { perror("io_uring"); return 1; }
+    if (io_uring_register_files(&ring, writers, n_conns) != 0) { perror("register"); return 1; }
+    char *msg = malloc(size);
+    memset(msg, 'x', size);
+
+    // One second of warm-up, then a second of each mode in turn.
+    double round_s = n_conns / rate, start = now_s(), end = start + 1.0 + seconds;
+    long long busy[MODES] = {0}, total[MODES] = {0}, b0 = 0, t0 = 0;
+    long writes[MODES] = {0}, short_writes = 0;
+    int slot = -1;
+    for (double next = start; now_s() < end; next += round_s) {
+        int now_slot = (int)(now_s() - start) - 1; // -1: warming up
+        if (now_slot != slot) {
+            long long b, t;
+            core_ticks(0, &b, &t);
+            if (slot >= 0) {
+                busy[modes[slot % n_modes]] += b - b0;
+                total[modes[slot % n_modes]] += t - t0;
+            }
+            b0 = b, t0 = t, slot = now_slot;
+        }
+        int mode = slot < 0 ? modes[0] : modes[slot % n_modes];
+        for (int i = 0; i < n_conns; i += batch) {
+            int k = i + batch > n_conns ? n_conns - i : batch;
+            if (mode == SEND) {
+                for (int j = i; j < i + k; j++)
+                    short_writes += send(writers[j], msg, size, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
+            } else {
+                for (int j = i; j < i + k; j++) {
+                    struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+                    int fixed = mode == URING_FIXED;
+                    io_uring_prep_send(sqe, fixed ? j : writers[j], msg, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+                    if (fixed) sqe->flags |= IOSQE_FIXED_FILE;
+                }
+                io_uring_submit_and_wait(&ring, k);
+                struct io_uring_cqe *cqe;
+                unsigned head, seen = 0;
+                io_uring_for_each_cqe(&ring, head, cqe) {
+                    short_writes += cqe->res != size;
+                    seen++;
+                }
+                io_uring_cq_advance(&ring, seen);
+            }
+            if (slot >= 0) writes[mode] += k;
+        }
+        double wait = next + round_s - now_s();
+        if (wait > 0) {
+            struct timespec t = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
+            nanosleep(&t, NULL);
+        }
+    }
+    atomic_store(&done, 1);
+    pthread_join(rt, NULL);
+    printf("%d conns, %.0f writes/s, %d bytes, batches of %d, %ld short:", n_conns, rate, size, batch, short_writes);
+    for (int i = 0; i < n_modes; i++) {
+        int m = modes[i];
+        double busy_s = busy[m] / (double)sysconf(_SC_CLK_TCK);
+        printf("  %s %.2f us a write (core 0 %.0f%% busy)", mode_names[m], writes[m] ? 1e6 * busy_s / writes[m] : 0,
+               total[m] ? 100.0 * busy[m] / total[m] : 0);
+    }
+    printf("\n");
+    return 0;
+}
