@@ -1,4 +1,4 @@
-// What a small loopback write costs the writing core, by write(2) one socket at a time or by
+// What a small loopback write costs the writing core, by send(2) one socket at a time or by
 // io_uring, a batch of sends per io_uring_enter(2): the question behind issue 4's target 2,
 // where herald's core at 2,000 subscribers is 84% inside sendmsg.
 //
