@@ -94,6 +94,17 @@ static void pair(int listener, struct sockaddr_in *addr, int *w, int *r) {
 enum mode { SEND, URING_FIXED, URING_FD, MODES };
 static const char *mode_names[MODES] = {"write", "uring", "uring-fd"};
 
+// Adds core 0's ticks since the last call (*b0, *t0) to `mode` (none while warming up: -1).
+static void settle(int mode, long long *busy, long long *total, long long *b0, long long *t0) {
+    long long b, t;
+    core_ticks(0, &b, &t);
+    if (mode >= 0) {
+        busy[mode] += b - *b0;
+        total[mode] += t - *t0;
+    }
+    *b0 = b, *t0 = t;
+}
+
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE]\n"
@@ -142,13 +153,8 @@ int main(int argc, char **argv) {
     for (double next = start; now_s() < end; next += round_s) {
         int now_slot = (int)(now_s() - start) - 1; // -1: warming up
         if (now_slot != slot) {
-            long long b, t;
-            core_ticks(0, &b, &t);
-            if (slot >= 0) {
-                busy[modes[slot % n_modes]] += b - b0;
-                total[modes[slot % n_modes]] += t - t0;
-            }
-            b0 = b, t0 = t, slot = now_slot;
+            settle(slot < 0 ? -1 : modes[slot % n_modes], busy, total, &b0, &t0);
+            slot = now_slot;
         }
         int mode = slot < 0 ? modes[0] : modes[slot % n_modes];
         for (int i = 0; i < n_conns; i += batch) {
@@ -180,6 +186,7 @@ int main(int argc, char **argv) {
             nanosleep(&t, NULL);
         }
     }
+    settle(slot < 0 ? -1 : modes[slot % n_modes], busy, total, &b0, &t0); // the last slot too
     atomic_store(&done, 1);
     pthread_join(rt, NULL);
     printf("%d conns, %.0f writes/s, %d bytes, batches of %d, %ld short:", n_conns, rate, size, batch, short_writes);
