@@ -124,6 +124,11 @@ int main(int argc, char **argv) {
     }
     int batch = argc > 5 ? atoi(argv[5]) : 32;
     int size = argc > 6 ? atoi(argv[6]) : 96;
+    if (n_conns < 1 || rate <= 0 || seconds < 1 || n_modes == 0 || batch < 1 || batch > 4096 || size < 1) {
+        fprintf(stderr, "N, RATE, SIZE and BATCH (at most 4096) must be positive, SECONDS at least 1, "
+                        "and MODE one of write, uring, uring-fd\n");
+        return 2;
+    }
     writers = calloc(n_conns, sizeof *writers);
     readers = calloc(n_conns, sizeof *readers);
 
@@ -149,14 +154,15 @@ int main(int argc, char **argv) {
     double round_s = n_conns / rate, start = now_s(), end = start + 1.0 + seconds;
     long long busy[MODES] = {0}, total[MODES] = {0}, b0 = 0, t0 = 0;
     long writes[MODES] = {0}, short_writes = 0;
-    int slot = -1;
+    int slot = -1; // -1: warming up, in the first mode
+#define MEASURED(slot) ((slot) < 0 ? -1 : modes[(slot) % n_modes])
     for (double next = start; now_s() < end; next += round_s) {
-        int now_slot = (int)(now_s() - start) - 1; // -1: warming up
+        int now_slot = (int)(now_s() - start) - 1;
         if (now_slot != slot) {
-            settle(slot < 0 ? -1 : modes[slot % n_modes], busy, total, &b0, &t0);
+            settle(MEASURED(slot), busy, total, &b0, &t0);
             slot = now_slot;
         }
-        int mode = slot < 0 ? modes[0] : modes[slot % n_modes];
+        int mode = slot < 0 ? modes[0] : MEASURED(slot);
         for (int i = 0; i < n_conns; i += batch) {
             int k = i + batch > n_conns ? n_conns - i : batch;
             if (mode == SEND) {
@@ -186,7 +192,7 @@ int main(int argc, char **argv) {
             nanosleep(&t, NULL);
         }
     }
-    settle(slot < 0 ? -1 : modes[slot % n_modes], busy, total, &b0, &t0); // the last slot too
+    settle(MEASURED(slot), busy, total, &b0, &t0); // the last slot too
     atomic_store(&done, 1);
     pthread_join(rt, NULL);
     printf("%d conns, %.0f writes/s, %d bytes, batches of %d, %ld short:", n_conns, rate, size, batch, short_writes);
