@@ -698,11 +698,37 @@ async def test_recovery_of_an_unknown_topic_reports_unknown_topic(herald):
     sub = await connect(herald)
     reply = await subscribe(sub, "r3/*", id=1, since={"r3/never": {"seq": 5, "epoch": "whatever"}})
     assert reply["recovered"] is False
-    assert reply.get("replayed", 0) == 0
     gaps = reply["gaps"]
     assert len(gaps) == 1 and gaps[0]["topic"] == "r3/never" and gaps[0]["reason"] == "unknown_topic", gaps
-    await assert_alive(sub)  # no snapshot asked for: r3/known is not replayed
+    # No cursor: every other topic the pattern matches is recovered from the beginning.
+    assert reply["replayed"] == 1
+    msg = await recv_json(sub)
+    assert (msg["topic"], msg["seq"], msg["data"]) == ("r3/known", 1, "m1")
+    await assert_alive(sub)
     await sub.close()
+
+
+@run_async
+async def test_a_wildcard_recovers_a_topic_first_published_while_away(herald):
+    """A topic that appeared under the pattern while the client was away is replayed from the
+    subscription's cursor, and the reply says recovered only because nothing is missing."""
+    sub = await connect(herald)
+    first = await subscribe(sub, "w5/>", id=1)
+    cursor = first["cursor"]
+    assert isinstance(cursor, str) and cursor
+    await publish_series(herald, "w5/a", [1])
+    a1 = await recv_json(sub)
+    await sub.close()
+    await publish_series(herald, "w5/b", [1, 2])
+    await publish_series(herald, "w5/a", [2])
+    again = await connect(herald)
+    since = {"w5/a": {"seq": a1["seq"], "epoch": a1["epoch"]}}
+    reply = await subscribe(again, "w5/>", id=2, since=since, cursor=cursor)
+    assert reply["recovered"] is True and reply["replayed"] == 3, reply
+    got = [await recv_json(again) for _ in range(3)]
+    assert [(m["topic"], m["data"]) for m in got] == [("w5/a", "m2"), ("w5/b", "m1"), ("w5/b", "m2")]
+    await assert_alive(again)
+    await again.close()
 
 
 # --------------------------------------------------------------------------------------------

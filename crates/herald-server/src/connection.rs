@@ -207,6 +207,12 @@ impl Connection {
         }
     }
 
+    /// Resolves once the connection is being cut off as a slow consumer: for a writer that
+    /// waits on something besides its queue (the VBDS writer, waiting for an acknowledgement).
+    pub async fn cut_off(&self) {
+        self.cut.notified().await
+    }
+
     pub fn is_closing(&self) -> bool {
         self.out.lock().queue.is_closed()
     }

@@ -2,12 +2,14 @@
 //! publishers, clients and displays work unchanged against herald.
 //!
 //! A VBDS stream `NAME` is the herald topic `vbds/NAME`: native herald subscribers see the same
-//! images. VBDS's wire format and one-acknowledgement-per-image flow control are kept; its flaw
-//! is not: by default a subscriber still busy with an image (not yet acknowledged) skips the
+//! images. VBDS's wire format and semantics are the default: every image reaches every
+//! subscriber, one at a time, the next only after its acknowledgement (the subscriber is
+//! `lossless` with a window of one image, granted again by each acknowledgement), so publishes
+//! wait for it — bounded by `lossless_hold_timeout_ms`, after which a subscriber that stopped
+//! acknowledging is closed (4008) and the camera goes on. A stream created with
+//! `?lossless=false` fixes VBDS's flaw instead: a subscriber still busy with an image skips the
 //! images published meanwhile and, when it acknowledges, gets the newest complete one (it
-//! subscribes with the `conflate` policy). A stream created with `?lossless=true` keeps VBDS's
-//! exact semantics (the subscriber is `lossless` with a window of one image, granted again by
-//! each acknowledgement, so publishes wait for it).
+//! subscribes with the `conflate` policy).
 
 use crate::connection::{write_frames, Connection, QueueLimits};
 use crate::frame_reader::FrameReader;
@@ -28,7 +30,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 /// Bytes per binary chunk of an image sent to a VBDS subscriber.
 const CHUNK: usize = 256 << 10;
@@ -50,11 +52,9 @@ struct Stream {
     subscribers: Vec<Subscriber>,
 }
 
-/// What the stream knows of one connected VBDS subscriber.
+/// What the stream knows of one connected VBDS subscriber: how far it is.
 struct Subscriber {
     progress: watch::Receiver<Progress>,
-    /// Told when the stream is deleted: the subscriber is closed (1001) between images.
-    deleted: Arc<Notify>,
 }
 
 /// Where a VBDS subscriber is: what a publish waits on before replying 202.
@@ -89,19 +89,28 @@ pub fn router(max_message_bytes: usize) -> Router<Arc<Node>> {
 
 async fn list(State(node): State<Arc<Node>>) -> Response {
     let streams = node.vbds.streams.lock();
-    let list: Vec<_> = streams
-        .iter()
-        .map(|(name, s)| json!({"name": name, "contentType": s.content_type}))
-        .collect();
+    let list: Vec<_> = streams.iter().map(|(name, s)| s.info(name)).collect();
     Json(list).into_response()
+}
+
+impl Stream {
+    /// The stream as VBDS describes it (its `StreamInfo`).
+    fn info(&self, name: &str) -> serde_json::Value {
+        json!({"name": name, "contentType": self.content_type})
+    }
 }
 
 #[derive(Deserialize)]
 struct CreateOptions {
     #[serde(rename = "contentType", default)]
     content_type: Option<String>,
-    #[serde(default)]
+    /// VBDS's semantics (every image, acknowledged) unless `false`.
+    #[serde(default = "lossless_by_default")]
     lossless: bool,
+}
+
+fn lossless_by_default() -> bool {
+    true
 }
 
 async fn create(
@@ -128,28 +137,25 @@ async fn create(
         lossless: options.lossless,
         subscribers: Vec::new(),
     };
+    let info = stream.info(&name);
     streams.insert(name, stream);
-    StatusCode::OK.into_response()
+    Json(info).into_response()
 }
 
-/// Deletes a stream and closes its VBDS subscribers (1001 `stream NAME deleted`) once the image
-/// each is being sent, if any, is complete: a VBDS client has no other way to learn it, and
-/// would otherwise wait on a stream that can no longer be published to.
+/// Deletes a stream, answering with it as VBDS does. Its subscribers stay connected, as with
+/// VBDS (whose clients take a closed socket for an error): they receive nothing more until a
+/// stream of that name is created again.
 async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> Response {
     match node.vbds.streams.lock().remove(&name) {
-        Some(stream) => {
-            for s in stream.subscribers {
-                // A stored permit: the writer sees it even if it is in the middle of a write.
-                s.deleted.notify_one();
-            }
-            StatusCode::OK.into_response()
-        }
-        None => missing(&name),
+        Some(stream) => Json(stream.info(&name)).into_response(),
+        None => missing(StatusCode::NOT_FOUND, &name),
     }
 }
 
-fn missing(name: &str) -> Response {
-    (StatusCode::NOT_FOUND, format!("no stream named {name}\n")).into_response()
+/// An unknown stream: 404 for the admin and access routes, 400 for a transfer (what VBDS
+/// answers each with).
+fn missing(status: StatusCode, name: &str) -> Response {
+    (status, format!("no stream named {name}\n")).into_response()
 }
 
 /// `POST /vbds/transfer/streams/{name}`, the image in multipart field `data`: publishes it on the
@@ -166,7 +172,7 @@ async fn transfer(
         .get(&name)
         .map(|s| (s.content_type.clone(), s.lossless))
     else {
-        return missing(&name);
+        return missing(StatusCode::BAD_REQUEST, &name);
     };
     let mut data = None;
     loop {
@@ -227,7 +233,7 @@ async fn access(
     request: Request,
 ) -> Response {
     let Some(lossless) = node.vbds.streams.lock().get(&name).map(|s| s.lossless) else {
-        return missing(&name);
+        return missing(StatusCode::NOT_FOUND, &name);
     };
     ws::accept(node, request, move |node, read, write, _token| {
         run_subscriber(node, name, lossless, read, write)
@@ -258,24 +264,21 @@ async fn run_subscriber(
     });
     let _ = node.engine.lock().handle(id, subscribe, now_us());
     let (progress, rx) = watch::channel(Progress::default());
-    let deleted = Arc::new(Notify::new());
-    match node.vbds.streams.lock().get_mut(&name) {
-        Some(stream) => stream.subscribers.push(Subscriber {
-            progress: rx,
-            deleted: deleted.clone(),
-        }),
-        // Deleted since the handshake began.
-        None => deleted.notify_one(),
+    if let Some(stream) = node.vbds.streams.lock().get_mut(&name) {
+        stream.subscribers.push(Subscriber { progress: rx });
     }
     let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
     let reader = read_acks(&node, &conn, read, acks_tx);
     let writer = async {
         let mut batch = Vec::new();
         loop {
-            let closed = tokio::select! {
-                closed = conn.next_frames(&mut batch) => closed,
-                _ = deleted.notified() => return stream_deleted(&mut write, &name).await,
-            };
+            let closed = conn.next_frames(&mut batch).await;
+            if closed {
+                // Cut off (a `lossless` subscriber that stopped acknowledging) or shut down:
+                // the close frame is the last thing queued.
+                let close = batch.pop().into_iter().collect();
+                return write_frames(&mut write, &mut { close }).await;
+            }
             // Conflation leaves at most one image waiting; replies and notices are not VBDS's.
             let image = batch
                 .drain(..)
@@ -289,7 +292,8 @@ async fn run_subscriber(
                     ack = acks.recv() => if ack.is_none() {
                         break;
                     },
-                    _ = deleted.notified() => return stream_deleted(&mut write, &name).await,
+                    // Cut while waiting for the acknowledgement: the loop sends the close.
+                    () = conn.cut_off() => continue,
                 }
                 if lossless {
                     let credit = WireRequest::Credit {
@@ -303,9 +307,6 @@ async fn run_subscriber(
                 }
                 progress.send_modify(|p| p.busy_with = None);
             }
-            if closed {
-                break;
-            }
         }
         Ok::<(), std::io::Error>(())
     };
@@ -316,12 +317,6 @@ async fn run_subscriber(
     node.disconnect(id);
     node.metrics
         .disconnected(conn.close_reason().unwrap_or(Disconnect::ClientClosed));
-}
-
-/// Tells a subscriber its stream is gone: close 1001 (going away), between two images.
-async fn stream_deleted(write: &mut WriteHalf, name: &str) -> std::io::Result<()> {
-    let close = wire::encode_close(1001, &format!("stream {name} deleted"));
-    write_frames(write, &mut vec![close]).await
 }
 
 /// An image as VBDS sends it: binary chunks of at most [`CHUNK`] bytes, never one of exactly one
