@@ -123,3 +123,27 @@ def test_http_publish_and_metrics_need_credentials(secured):
     assert requests.get(f"{secured.http}/metrics", timeout=STEP).status_code == 401
     admin = {"Authorization": f"Bearer {ADMIN}"}
     assert requests.get(f"{secured.http}/metrics", headers=admin, timeout=STEP).status_code == 200
+
+
+@run_async
+async def test_lossless_needs_its_own_grant(secured):
+    """A lossless subscriber holds publishers: a token that may only read cannot subscribe
+    losslessly; one with a `lossless` grant covering the pattern can."""
+    reader = await connect(secured, f"?token={token(sub=['jobs/>'])}")
+    await send_json(reader, {"op": "sub", "id": 1, "topic": "jobs/a", "policy": "lossless"})
+    reply = await recv_json(reader)
+    assert (reply["op"], reply["code"], reply["id"]) == ("error", "forbidden", 1), reply
+    assert "lossless" in reply["message"]
+    await subscribe(reader, "jobs/a", id=2, policy="drop")
+    worker = await connect(secured, f"?token={jwt_with_lossless(['jobs/>'], ['jobs/a/>'])}")
+    await send_json(worker, {"op": "sub", "id": 3, "topic": "jobs/>", "policy": "lossless"})
+    assert (await recv_json(worker))["code"] == "forbidden"
+    await subscribe(worker, "jobs/a/x", id=4, policy="lossless", window=1)
+    for ws in (reader, worker):
+        await ws.close()
+
+
+def jwt_with_lossless(sub, lossless) -> str:
+    body = {"sub": "py", "aud": "py", "exp": int(time.time()) + 60,
+            "herald": {"sub": list(sub), "lossless": list(lossless)}}
+    return jwt.encode(body, SECRET, algorithm="HS256")

@@ -127,12 +127,16 @@ pub struct EngineConfig {
     pub max_message_bytes: usize,
     /// Default slow-consumer policies per topic, first match wins; else `disconnect`.
     pub policy: Vec<PolicyRule>,
+    /// Patterns within which a subscription may be `lossless`: a lossless subscriber makes
+    /// publishers wait for its credit, so the operator says where that is allowed.
+    pub lossless_topics: Vec<String>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             policy: Vec::new(),
+            lossless_topics: vec![">".into()],
             history: vec![HistoryRule::default()],
             max_subscriptions_per_connection: 1000,
             max_message_bytes: 64 << 20,
@@ -818,8 +822,16 @@ impl<O: Outbox> Engine<O> {
     /// subscriber's window: its publisher should wait for credit (or for the subscriber to go)
     /// before publishing.
     pub fn is_held(&self, topic_name: &str, len: usize) -> bool {
+        let mut held = false;
+        self.holders(topic_name, len, |_| held = true);
+        held
+    }
+
+    /// The `lossless` subscribers whose window a message on `topic` of `len` payload bytes
+    /// would exceed: those a publisher of it waits for.
+    pub fn holders(&self, topic_name: &str, len: usize, mut found: impl FnMut(ConnId)) {
         if self.lossless == 0 || topic::validate_topic(topic_name).is_err() {
-            return false;
+            return;
         }
         let default = self
             .topics
@@ -829,16 +841,16 @@ impl<O: Outbox> Engine<O> {
             .map_or((Policy::Disconnect, None), |i| {
                 (self.config.policy[i].policy, self.config.policy[i].max_rate)
             });
-        let mut held = false;
         self.index.for_each_match(topic_name, |id| {
             if let Some(c) = self.conns[id as usize].as_ref() {
                 let chosen = c.policy_for(topic_name, default);
                 if let (Policy::Lossless, Some(i)) = (chosen.policy, chosen.sub) {
-                    held |= !c.subs[i].credit().covers(len);
+                    if !c.subs[i].credit().covers(len) {
+                        found(id);
+                    }
                 }
             }
         });
-        held
     }
 
     fn policy_rule_for(&self, topic_name: &str) -> Option<usize> {
@@ -886,6 +898,18 @@ impl<O: Outbox> Engine<O> {
     fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
         let fail = |code, msg: String| ProtocolError::new(code, msg).with_id(s.id.clone());
         topic::validate_pattern(&s.topic).map_err(|e| fail(e.code(), e.to_string()))?;
+        let held_by_rule = |g: &String| crate::grant::covers(g, &s.topic);
+        if s.policy == Some(Policy::Lossless)
+            && !self.config.lossless_topics.iter().any(held_by_rule)
+        {
+            return Err(fail(
+                "forbidden",
+                format!(
+                    "lossless subscriptions (which hold publishers) are allowed only within the configured lossless_topics {:?}; subscribe to {:?} with another policy",
+                    self.config.lossless_topics, s.topic
+                ),
+            ));
+        }
         let Some(c) = self.conn(conn) else {
             return Ok(());
         };

@@ -37,6 +37,9 @@ pub fn covers(grant: &str, pattern: &str) -> bool {
 pub struct Grants {
     pub subscribe: Vec<String>,
     pub publish: Vec<String>,
+    /// Patterns within which a subscription may be `lossless`: one that makes publishers wait
+    /// for its credit, a privilege apart from reading.
+    pub lossless: Vec<String>,
 }
 
 impl Grants {
@@ -45,7 +48,14 @@ impl Grants {
         Grants {
             subscribe: vec![">".into()],
             publish: vec![">".into()],
+            lossless: vec![">".into()],
         }
+    }
+
+    /// May the holder subscribe to `pattern` losslessly (hold its publishers)? Only if one
+    /// lossless grant covers it entirely.
+    pub fn may_hold(&self, pattern: &str) -> bool {
+        self.lossless.iter().any(|g| covers(g, pattern))
     }
 
     /// May the holder subscribe to `pattern`? Only if one granted pattern covers it entirely.
@@ -142,7 +152,10 @@ mod tests {
         let g = Grants {
             subscribe: vec!["quotes/fx/>".into(), "news/*".into()],
             publish: vec!["orders/desk1/>".into()],
+            lossless: vec!["jobs/>".into()],
         };
+        assert!(g.may_hold("jobs/a/>"));
+        assert!(!g.may_hold("quotes/fx/EURUSD"));
         assert!(g.may_subscribe("quotes/fx/EURUSD"));
         assert!(g.may_subscribe("news/today"));
         assert!(!g.may_subscribe("news/>"));
@@ -155,7 +168,8 @@ mod tests {
             Grants::default()
                 == Grants {
                     subscribe: vec![],
-                    publish: vec![]
+                    publish: vec![],
+                    lossless: vec![]
                 }
         );
     }

@@ -8,6 +8,7 @@
 
 use anyhow::{bail, Context};
 use herald_core::grant::Grants;
+use herald_core::policy::Policy;
 use herald_core::topic;
 use herald_core::wire::{ProtocolError, Reply, Request};
 use jsonwebtoken::jwk::JwkSet;
@@ -106,7 +107,7 @@ struct Claims {
     herald: HeraldClaim,
 }
 
-/// `"herald": {"sub": [patterns], "pub": [patterns]}`.
+/// `"herald": {"sub": [patterns], "pub": [patterns], "lossless": [patterns]}`.
 #[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct HeraldClaim {
@@ -114,6 +115,9 @@ pub struct HeraldClaim {
     pub sub: Vec<String>,
     #[serde(default, rename = "pub")]
     pub publish: Vec<String>,
+    /// Where the holder may subscribe `lossless` (and so hold publishers).
+    #[serde(default)]
+    pub lossless: Vec<String>,
 }
 
 struct Key {
@@ -451,6 +455,18 @@ impl Access {
                     ),
                 ))
             }
+            Request::Subscribe(s)
+                if s.policy == Some(Policy::Lossless) && !session.grants.may_hold(&s.topic) =>
+            {
+                Admit::Reply(refuse(
+                    &s.id,
+                    "forbidden",
+                    format!(
+                        "your token does not grant lossless subscriptions to {:?} (a lossless subscriber holds publishers): it must lie within one of its \"lossless\" grants {:?}; subscribe with another policy",
+                        s.topic, session.grants.lossless
+                    ),
+                ))
+            }
             Request::Publish(p) if !session.grants.may_publish(&p.topic) => Admit::Reply(refuse(
                 &p.id,
                 "forbidden",
@@ -502,14 +518,21 @@ pub fn origin_allowed(allowed: &[String], origin: &str, host: Option<&str>, open
 }
 
 fn session(claims: Claims) -> Result<Session, Refused> {
-    for pattern in claims.herald.sub.iter().chain(&claims.herald.publish) {
+    let herald = claims.herald;
+    for pattern in herald
+        .sub
+        .iter()
+        .chain(&herald.publish)
+        .chain(&herald.lossless)
+    {
         topic::validate_pattern(pattern)
             .map_err(|e| Refused(format!("the token grants an invalid pattern: {e}")))?;
     }
     Ok(Session {
         grants: Grants {
-            subscribe: claims.herald.sub,
-            publish: claims.herald.publish,
+            subscribe: herald.sub,
+            publish: herald.publish,
+            lossless: herald.lossless,
         },
         exp: claims
             .exp

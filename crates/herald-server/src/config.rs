@@ -48,6 +48,12 @@ pub struct Config {
     /// How long a publish waits for a `lossless` subscriber's credit before that subscriber is
     /// disconnected and the publish goes ahead (milliseconds).
     pub lossless_hold_timeout_ms: u64,
+    /// Patterns within which clients may subscribe `lossless` (hold publishers); with auth on,
+    /// a token also needs a `lossless` grant.
+    pub lossless_topics: Vec<String>,
+    /// The share of time (0 to 1) one `lossless` subscriber may keep publishers waiting,
+    /// counted over each `LOSSLESS_HOLD_WINDOW`; past it the subscriber is closed (4008).
+    pub lossless_max_hold_share: f64,
     /// Whether the kernel may give `herald serve` transparent huge pages; off by default, for
     /// the latency tail (see [`crate::process::set_transparent_huge_pages`]).
     pub transparent_huge_pages: bool,
@@ -71,6 +77,8 @@ impl Default for Config {
             nats: None,
             policy: engine.policy,
             lossless_hold_timeout_ms: 5000,
+            lossless_topics: engine.lossless_topics,
+            lossless_max_hold_share: 0.5,
             transparent_huge_pages: false,
         }
     }
@@ -87,6 +95,7 @@ const ENV_KEYS: &[&str] = &[
     "max_connections",
     "shutdown_grace_secs",
     "lossless_hold_timeout_ms",
+    "lossless_max_hold_share",
     "transparent_huge_pages",
 ];
 
@@ -153,6 +162,16 @@ impl Config {
                 bail!("policy rule {:?}: {problem}", rule.pattern);
             }
         }
+        for pattern in &self.lossless_topics {
+            herald_core::topic::validate_pattern(pattern)
+                .with_context(|| format!("lossless_topics pattern {pattern:?}"))?;
+        }
+        if !(self.lossless_max_hold_share > 0.0 && self.lossless_max_hold_share <= 1.0) {
+            bail!(
+                "lossless_max_hold_share must be above 0 and at most 1 (a share of time), not {}",
+                self.lossless_max_hold_share
+            );
+        }
         if self.max_message_bytes == 0 || self.max_outbound_bytes == 0 {
             bail!("max_message_bytes and max_outbound_bytes must be greater than zero");
         }
@@ -165,6 +184,7 @@ impl Config {
             max_subscriptions_per_connection: self.max_subscriptions_per_connection,
             max_message_bytes: self.max_message_bytes,
             policy: self.policy.clone(),
+            lossless_topics: self.lossless_topics.clone(),
         }
     }
 }

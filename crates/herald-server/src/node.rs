@@ -13,6 +13,7 @@ use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Published};
 use herald_core::wire::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
@@ -44,6 +45,19 @@ pub struct Node {
     pub released: Notify,
     /// The VBDS streams (`/vbds/...`).
     pub vbds: crate::vbds::Streams,
+    /// How long each `lossless` subscriber has kept publishers waiting lately.
+    holds: Mutex<HashMap<ConnId, HoldMeter>>,
+}
+
+/// The window over which a `lossless` subscriber's share of holding publishers is counted.
+pub const LOSSLESS_HOLD_WINDOW: Duration = Duration::from_secs(10);
+
+/// Publisher time a `lossless` subscriber has held in the current window: one that grants
+/// just enough credit, just before each hold times out, would otherwise slow a publisher to a
+/// crawl for ever without ever being cut.
+struct HoldMeter {
+    since: Instant,
+    held: Duration,
 }
 
 impl Node {
@@ -72,6 +86,7 @@ impl Node {
             ip_limits: IpLimits::new(config.limits.clone()),
             tls: Tls::from_config(&config.tls)?,
             introspection: Introspection::default(),
+            holds: Mutex::default(),
             config,
         }))
     }
@@ -204,6 +219,7 @@ impl Node {
     /// A connection ended: its subscriptions go (and with them, maybe, this node's interest
     /// in some patterns), and publishers it held may go on.
     pub fn disconnect(&self, conn: ConnId) {
+        self.holds.lock().remove(&conn);
         {
             let mut engine = self.engine.lock();
             engine.disconnect(conn);
@@ -255,7 +271,12 @@ impl Node {
         }
         pending.flush();
         self.metrics.policy(PolicyAction::Hold, None, 1);
-        let deadline = Instant::now() + Duration::from_millis(self.config.lossless_hold_timeout_ms);
+        let start = Instant::now();
+        let mut holders = Vec::new();
+        self.engine
+            .lock()
+            .holders(topic, len, |id| holders.push(id));
+        let deadline = start + Duration::from_millis(self.config.lossless_hold_timeout_ms);
         loop {
             // Registered before the check, so a release between the two is not missed.
             let released = self.released.notified();
@@ -264,11 +285,65 @@ impl Node {
             {
                 let mut engine = self.engine.lock();
                 if !engine.is_held(topic, len) || Instant::now() >= deadline {
-                    return publish(&mut engine, pending);
+                    let result = publish(&mut engine, pending);
+                    drop(engine);
+                    self.charge_hold(&holders, start.elapsed());
+                    return result;
                 }
             }
             let _ = tokio::time::timeout_at(deadline, released).await;
         }
+    }
+
+    /// Charges the `lossless` subscribers that held a publisher for `held`; one that has held
+    /// publishers for more than `lossless_max_hold_share` of [`LOSSLESS_HOLD_WINDOW`] is
+    /// closed as a slow consumer (4008).
+    fn charge_hold(&self, holders: &[ConnId], held: Duration) {
+        let now = Instant::now();
+        let limit = LOSSLESS_HOLD_WINDOW.mul_f64(self.config.lossless_max_hold_share);
+        let mut over = Vec::new();
+        {
+            let mut holds = self.holds.lock();
+            for &id in holders {
+                let meter = holds.entry(id).or_insert(HoldMeter {
+                    since: now,
+                    held: Duration::ZERO,
+                });
+                if now.duration_since(meter.since) > LOSSLESS_HOLD_WINDOW {
+                    *meter = HoldMeter {
+                        since: now,
+                        held: Duration::ZERO,
+                    };
+                }
+                meter.held += held;
+                if meter.held > limit {
+                    holds.remove(&id);
+                    over.push(id);
+                }
+            }
+        }
+        if over.is_empty() {
+            return;
+        }
+        let reason = format!(
+            "slow consumer: lossless subscriber kept publishers waiting more than {:.0}% of {} s",
+            self.config.lossless_max_hold_share * 100.0,
+            LOSSLESS_HOLD_WINDOW.as_secs()
+        );
+        {
+            let mut engine = self.engine.lock();
+            for id in over {
+                if let Some(conn) = engine.outbox(id).cloned() {
+                    engine.detach(id);
+                    self.metrics.policy(PolicyAction::LosslessTimeout, None, 1);
+                    conn.close(Disconnect::SlowConsumer, 4008, &reason);
+                }
+            }
+            if let Some(broker) = &self.broker {
+                broker.interest(engine.take_interest_changes());
+            }
+        }
+        self.released.notify_waiters();
     }
 
     /// Accounts for what a client's request came to: its publish, or its error.

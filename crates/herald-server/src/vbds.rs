@@ -132,9 +132,16 @@ async fn create(
     let content_type = options
         .content_type
         .unwrap_or_else(|| "application/octet-stream".into());
+    // Holding the camera is a privilege: where lossless_topics does not allow it, the stream's
+    // subscribers skip images instead.
+    let allowed = |g: &String| herald_core::grant::covers(g, &topic(&name));
+    let lossless = options.lossless && node.config.lossless_topics.iter().any(allowed);
+    if options.lossless && !lossless {
+        tracing::warn!(stream = %name, "lossless_topics does not cover {}: its subscribers skip images", topic(&name));
+    }
     let stream = Stream {
         content_type,
-        lossless: options.lossless,
+        lossless,
         subscribers: Vec::new(),
     };
     let info = stream.info(&name);

@@ -19,6 +19,10 @@ pub struct TokenArgs {
     /// Topics or patterns the holder may publish to
     #[arg(long = "pub", value_name = "PATTERN", num_args = 1..)]
     publish: Vec<String>,
+    /// Patterns within which the holder may subscribe `lossless` (making publishers wait for its
+    /// credit)
+    #[arg(long = "lossless", value_name = "PATTERN", num_args = 1..)]
+    lossless: Vec<String>,
     /// Seconds until the token expires
     #[arg(long, default_value_t = 3600)]
     ttl: u64,
@@ -34,7 +38,7 @@ pub struct TokenArgs {
 }
 
 pub fn run(args: TokenArgs) -> anyhow::Result<()> {
-    for pattern in args.sub.iter().chain(&args.publish) {
+    for pattern in args.sub.iter().chain(&args.publish).chain(&args.lossless) {
         herald_core::topic::validate_pattern(pattern)
             .with_context(|| format!("cannot grant {pattern:?}"))?;
     }
@@ -48,7 +52,7 @@ pub fn run(args: TokenArgs) -> anyhow::Result<()> {
     let mut claims = json!({
         "iat": now,
         "exp": now + args.ttl,
-        "herald": {"sub": args.sub, "pub": args.publish},
+        "herald": {"sub": args.sub, "pub": args.publish, "lossless": args.lossless},
     });
     for (name, value) in [("sub", args.subject), ("iss", args.iss), ("aud", args.aud)] {
         if let Some(value) = value {
