@@ -130,6 +130,11 @@ pub struct EngineConfig {
     /// Patterns within which a subscription may be `lossless`: a lossless subscriber makes
     /// publishers wait for its credit, so the operator says where that is allowed.
     pub lossless_topics: Vec<String>,
+    /// Most topics held at once; a publish that would create another is refused.
+    pub max_topics: usize,
+    /// A topic nothing was published on for this long (µs) and that no subscription matches
+    /// is forgotten by [`Engine::sweep`]; 0 keeps topics for ever.
+    pub topic_idle_us: u64,
 }
 
 impl Default for EngineConfig {
@@ -137,6 +142,8 @@ impl Default for EngineConfig {
         EngineConfig {
             policy: Vec::new(),
             lossless_topics: vec![">".into()],
+            max_topics: 1_000_000,
+            topic_idle_us: 3_600_000_000,
             history: vec![HistoryRule::default()],
             max_subscriptions_per_connection: 1000,
             max_message_bytes: 64 << 20,
@@ -147,6 +154,7 @@ impl Default for EngineConfig {
 pub type ConnId = u32;
 
 pub use cluster::{Recalled, Unanswered};
+pub use sweep::Swept;
 
 /// A change in the set of patterns this engine's connections hold: the first subscriber to a
 /// pattern adds it, the last one to leave removes it. A cluster bridge subscribes upstream only
@@ -688,11 +696,22 @@ impl<O: Outbox> Engine<O> {
         });
     }
 
-    /// Refuses a message that may not be published: bad topic, too large, text not UTF-8.
+    /// Refuses a message that may not be published: bad topic, too large, text not UTF-8, a
+    /// new topic past `max_topics`.
     fn check(&self, p: &Publish) -> Result<(), ProtocolError> {
         let fail = |e: ProtocolError| e.with_id(p.id.clone());
         topic::validate_topic(&p.topic)
             .map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
+        // Looked up only when full: every other publish finds its topic once, in `append`.
+        if self.topics.len() >= self.config.max_topics && self.topics.get(&p.topic).is_none() {
+            return Err(fail(ProtocolError::new(
+                "too_many_topics",
+                format!(
+                    "herald holds its maximum of {} topics (max_topics); publish to an existing topic, or wait for idle topics to be forgotten",
+                    self.config.max_topics
+                ),
+            )));
+        }
         if p.payload.len() > self.config.max_message_bytes {
             return Err(fail(ProtocolError::new(
                 "message_too_large",
@@ -724,12 +743,13 @@ impl<O: Outbox> Engine<O> {
         let generation = self.publish_count;
         let mut matched = std::mem::take(&mut self.matched);
         self.index.for_each_match(&p.topic, |id| matched.push(id));
-        let history = state.rule.map(|i| &config.history[i]);
+        let history = state.history_rule(config);
         if matched.is_empty() && !history.is_some_and(HistoryRule::keeps_messages) {
             // Nobody to send it to, no history to keep it in: a discard, whose frame would be
             // needed only if someone asked for the last value. Kept as published instead.
             state.last = Some(Last::Unencoded(Unencoded::of(p, seq, now_us)));
             state.last_at = generation;
+            state.last_us = now_us;
             state.dropped_at = generation;
             self.matched = matched;
             return Published {
@@ -1009,6 +1029,7 @@ impl<O: Outbox> Engine<O> {
 
 mod cluster;
 mod recovery;
+mod sweep;
 mod topics;
 
 use topics::{Last, Numbering, Stored, TopicState, Topics, Unencoded};

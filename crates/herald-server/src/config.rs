@@ -54,6 +54,13 @@ pub struct Config {
     /// The share of time (0 to 1) one `lossless` subscriber may keep publishers waiting,
     /// counted over each `LOSSLESS_HOLD_WINDOW`; past it the subscriber is closed (4008).
     pub lossless_max_hold_share: f64,
+    /// Most topics held at once; a publish that would create another is refused
+    /// (`too_many_topics`).
+    pub max_topics: usize,
+    /// A topic nothing was published on for this long (seconds) and that no subscription
+    /// matches is forgotten (its memory freed; published again, it starts a new epoch); 0 keeps
+    /// topics until herald stops.
+    pub topic_idle_secs: u64,
     /// Whether the kernel may give `herald serve` transparent huge pages; off by default, for
     /// the latency tail (see [`crate::process::set_transparent_huge_pages`]).
     pub transparent_huge_pages: bool,
@@ -79,6 +86,8 @@ impl Default for Config {
             lossless_hold_timeout_ms: 5000,
             lossless_topics: engine.lossless_topics,
             lossless_max_hold_share: 0.5,
+            max_topics: engine.max_topics,
+            topic_idle_secs: engine.topic_idle_us / 1_000_000,
             transparent_huge_pages: false,
         }
     }
@@ -96,6 +105,8 @@ const ENV_KEYS: &[&str] = &[
     "shutdown_grace_secs",
     "lossless_hold_timeout_ms",
     "lossless_max_hold_share",
+    "max_topics",
+    "topic_idle_secs",
     "transparent_huge_pages",
 ];
 
@@ -185,6 +196,8 @@ impl Config {
             max_message_bytes: self.max_message_bytes,
             policy: self.policy.clone(),
             lossless_topics: self.lossless_topics.clone(),
+            max_topics: self.max_topics,
+            topic_idle_us: self.topic_idle_secs.saturating_mul(1_000_000),
         }
     }
 }

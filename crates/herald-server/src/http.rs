@@ -121,6 +121,7 @@ async fn publish(
                 .into_response()
         }
         Err(e) if e.code == "message_too_large" => error(StatusCode::PAYLOAD_TOO_LARGE, e),
+        Err(e) if e.code == "too_many_topics" => error(StatusCode::SERVICE_UNAVAILABLE, e),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }

@@ -105,6 +105,7 @@ impl Server {
         if node.auth.is_none() {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }
+        let sweeper = tokio::spawn(Node::sweep(Arc::downgrade(&node)));
         let closing = node.clone();
         listener::serve(
             self.listener,
@@ -117,6 +118,7 @@ impl Server {
             },
         )
         .await;
+        sweeper.abort();
         node.sessions.close();
         let grace = Duration::from_secs(node.config.shutdown_grace_secs + 1);
         if tokio::time::timeout(grace, node.sessions.wait())

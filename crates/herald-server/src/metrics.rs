@@ -114,6 +114,8 @@ pub struct Metrics {
     pub connections_refused: Family<Reason, Counter>,
     pub subscriptions: Gauge,
     pub topics: Gauge,
+    /// Topics forgotten for being idle with no subscriber (see `Engine::sweep`).
+    pub topics_forgotten: Counter,
     pub messages_in_ws: Counter,
     pub messages_in_http: Counter,
     pub bytes_in_ws: Counter,
@@ -153,6 +155,7 @@ impl Metrics {
             connections_refused: Family::default(),
             subscriptions: Gauge::default(),
             topics: Gauge::default(),
+            topics_forgotten: Counter::default(),
             messages_in_ws,
             messages_in_http,
             bytes_in_ws,
@@ -189,6 +192,11 @@ impl Metrics {
             "topics",
             "Topics with state (sequence, history, last value)",
             m.topics.clone(),
+        );
+        registry.register(
+            "topics_forgotten",
+            "Topics forgotten after topic_idle_secs with nothing published and no subscriber",
+            m.topics_forgotten.clone(),
         );
         registry.register("messages_in", "Messages published, by source", messages_in);
         registry.register("bytes_in", "Payload bytes published, by source", bytes_in);

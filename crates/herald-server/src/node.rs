@@ -49,6 +49,12 @@ pub struct Node {
     holds: Mutex<HashMap<ConnId, HoldMeter>>,
 }
 
+/// How often the sweep takes its next slice of topics, and how many ([`Node::sweep`]): a
+/// million topics are gone through in under a minute, each slice holding the engine's lock
+/// briefly.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+const SWEEP_SLICE: usize = 2_000;
+
 /// The window over which a `lossless` subscriber's share of holding publishers is counted.
 pub const LOSSLESS_HOLD_WINDOW: Duration = Duration::from_secs(10);
 
@@ -344,6 +350,26 @@ impl Node {
             }
         }
         self.released.notify_waiters();
+    }
+
+    /// Trims aged history and forgets idle topics (`Engine::sweep`), a slice every
+    /// [`SWEEP_EVERY`], until the node is dropped.
+    pub async fn sweep(node: std::sync::Weak<Node>) {
+        let mut after: Option<Arc<str>> = None;
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(node) = node.upgrade() else {
+                return;
+            };
+            let swept = node
+                .engine
+                .lock()
+                .sweep(now_us(), after.as_deref(), SWEEP_SLICE);
+            node.metrics.topics_forgotten.inc_by(swept.forgotten as u64);
+            after = swept.resume_after;
+        }
     }
 
     /// Accounts for what a client's request came to: its publish, or its error.

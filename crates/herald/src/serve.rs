@@ -42,6 +42,15 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_recovery_bytes: Option<usize>,
+    /// Most topics held at once; publishing to another is refused [default: 1000000]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_topics: Option<usize>,
+    /// Seconds after which a topic with no publish and no subscriber is forgotten; 0: never
+    /// [default: 3600]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    topic_idle_secs: Option<u64>,
     /// WebSocket connections accepted at once [default: 10000]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

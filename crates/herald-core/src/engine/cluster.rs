@@ -135,7 +135,7 @@ impl<O: Outbox> Engine<O> {
             run.push(m);
             seq -= 1;
         }
-        let rule = state.rule.map(|i| &config.history[i]);
+        let rule = state.history_rule(config);
         for m in run.into_iter().rev() {
             state.record(rule, m);
         }

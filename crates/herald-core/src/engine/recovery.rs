@@ -125,7 +125,7 @@ impl<O: Outbox> Engine<O> {
                 plan.gap(name, GapReason::UnknownTopic);
                 continue;
             };
-            if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
+            if let Some(rule) = state.history_rule(&self.config) {
                 state.trim_by_age(rule, now_us);
             }
             let t = plan.topic(&state.name);
@@ -179,7 +179,7 @@ impl<O: Outbox> Engine<O> {
                     continue;
                 };
                 if recovering && state.last_at > cursor {
-                    if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
+                    if let Some(rule) = state.history_rule(&self.config) {
                         state.trim_by_age(rule, now_us);
                     }
                     let t = plan.topic(&name);

@@ -1108,3 +1108,69 @@ fn a_patterns_topics_are_found_by_its_prefix() {
     assert_eq!(e.topic_count_under("a/"), 6);
     assert_eq!(e.topic_count_under(""), names.len());
 }
+
+/// Past `max_topics`, a publish that would create a topic is refused; existing topics go on.
+#[test]
+fn publishing_past_max_topics_is_refused_for_new_topics_only() {
+    let config = EngineConfig {
+        max_topics: 3,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    for t in ["a", "b", "c"] {
+        publish(&mut e, t, "x");
+    }
+    let err = e.publish(&text("d", "x"), 0).unwrap_err();
+    assert_eq!(err.code, "too_many_topics");
+    assert_eq!(e.publish(&text("a", "y"), 0).unwrap().seq, 2);
+    assert_eq!(e.topic_count(), 3);
+}
+
+/// The sweep trims aged history without a publish, forgets idle topics nobody subscribes to
+/// (a topic published again afterwards starts a new epoch, so a recovery across it is told),
+/// keeps those with a subscriber, and goes through the topics a slice at a time.
+#[test]
+fn the_sweep_trims_history_and_forgets_idle_unsubscribed_topics() {
+    let secs = 1_000_000;
+    let config = EngineConfig {
+        topic_idle_us: 100 * secs,
+        history: vec![HistoryRule {
+            pattern: ">".into(),
+            max_age_secs: 10,
+            ..HistoryRule::default()
+        }],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    for t in ["idle/1", "idle/2", "kept/1", "fresh/1"] {
+        e.publish(&text(t, "x"), 0).unwrap();
+    }
+    e.publish(&text("fresh/1", "y"), 95 * secs).unwrap();
+    let (a, _inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"kept/>"}"#, 0).unwrap();
+    let epoch = e.epoch_of("idle/1").unwrap().to_owned();
+
+    // At 20 s nothing is idle, but history older than 10 s is gone.
+    let swept = e.sweep(20 * secs, None, 100);
+    assert_eq!(
+        (swept.visited, swept.forgotten, swept.resume_after),
+        (4, 0, None)
+    );
+    let view = e.topics_page("idle/1", None, 1).next().unwrap();
+    assert_eq!(view.history, 0);
+    assert!(view.last().is_some(), "the last value stays");
+
+    // At 150 s, in slices of two: the idle topics without a subscriber go.
+    let first = e.sweep(150 * secs, None, 2);
+    assert_eq!(first.resume_after.as_deref(), Some("idle/1"));
+    let second = e.sweep(150 * secs, first.resume_after.as_deref(), 2);
+    assert_eq!(first.forgotten + second.forgotten, 2);
+    let third = e.sweep(150 * secs, second.resume_after.as_deref(), 2);
+    assert_eq!(third.resume_after, None);
+    let left: Vec<&str> = e.topics_page("", None, 10).map(|t| t.name).collect();
+    assert_eq!(left, ["fresh/1", "kept/1"]);
+
+    // Published again, a forgotten topic has a new epoch.
+    e.publish(&text("idle/1", "again"), 151 * secs).unwrap();
+    assert_ne!(e.epoch_of("idle/1").unwrap(), epoch);
+}

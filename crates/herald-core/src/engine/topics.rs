@@ -107,8 +107,9 @@ pub(super) struct TopicState {
     pub epoch: String,
     /// The JSON its messages start with under this epoch.
     pub head: MessageHead,
-    /// Index into `EngineConfig::history`, or `None` for last-value only.
-    pub rule: Option<usize>,
+    /// Index into `EngineConfig::history`, or `None` for last-value only (32 bits: the state
+    /// stays in its size class).
+    rule: Option<u32>,
     pub history: VecDeque<Stored>,
     pub history_bytes: usize,
     pub last: Option<Last>,
@@ -119,6 +120,9 @@ pub(super) struct TopicState {
     pub remote_at: u64,
     /// The publish count of the newest message (0 before the first).
     pub last_at: u64,
+    /// When the newest message arrived (µs since the UNIX epoch; 0 before the first): a topic
+    /// quiet for long with no subscriber is forgotten.
+    pub last_us: u64,
     /// The publish count of the newest message that `history` no longer holds (or never
     /// held): a recovery from a cursor older than this cannot be answered in full.
     pub dropped_at: u64,
@@ -129,6 +133,11 @@ pub(super) struct TopicState {
 }
 
 impl TopicState {
+    /// The history rule the topic is kept under, if any.
+    pub fn history_rule<'a>(&self, config: &'a EngineConfig) -> Option<&'a HistoryRule> {
+        self.rule.map(|i| &config.history[i as usize])
+    }
+
     /// Starts over under `epoch`: what is held belongs to another numbering.
     pub fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
         // The last message keeps the numbering it was published under.
@@ -200,6 +209,7 @@ impl TopicState {
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
         self.last = Some(Last::Frame(stored.frame.clone()));
         self.last_at = self.last_at.max(stored.at);
+        self.last_us = self.last_us.max(stored.at_us);
         let Some(rule) = rule.filter(|r| r.keeps_messages()) else {
             self.dropped_at = self.last_at;
             return;
@@ -303,13 +313,15 @@ impl Topics {
                 rule: config
                     .history
                     .iter()
-                    .position(|r| topic::matches(&r.pattern, name)),
+                    .position(|r| topic::matches(&r.pattern, name))
+                    .map(|i| i as u32),
                 history: VecDeque::new(),
                 history_bytes: 0,
                 last: None,
                 foreign: false,
                 remote_at: 0,
                 last_at: 0,
+                last_us: 0,
                 dropped_at: 0,
                 oldest_bytes: 0,
             };
