@@ -210,6 +210,40 @@ mod tests {
     }
 
     #[test]
+    fn connection_limits_are_set_in_the_limits_section() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "c.toml",
+                r#"
+                [limits]
+                max_unauthenticated = 50
+                max_unauthenticated_per_ip = 4
+                body_timeout_secs = 3
+                body_min_bytes_per_sec = 1000
+                max_partial_bytes = 1048576
+                http_publish_rate_per_ip = 100.0
+                http_publish_burst_per_ip = 200
+                exempt_ips = []
+                "#,
+            )?;
+            let c = Config::load(Some(Path::new("c.toml")), serde_json::json!({})).unwrap();
+            let l = &c.limits;
+            assert_eq!(
+                (l.max_unauthenticated, l.max_unauthenticated_per_ip),
+                (50, 4)
+            );
+            assert_eq!((l.body_timeout_secs, l.body_min_bytes_per_sec), (3, 1000));
+            assert_eq!(l.max_partial_bytes, 1 << 20);
+            assert_eq!(
+                (l.http_publish_rate_per_ip, l.http_publish_burst_per_ip),
+                (100.0, 200)
+            );
+            assert!(l.exempt_ips.is_empty());
+            Ok(())
+        });
+    }
+
+    #[test]
     fn auth_and_tls_files_come_from_the_environment_below_flags() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("c.toml", "[tls]\ncert_file = \"/toml/cert.pem\"")?;

@@ -276,8 +276,17 @@ async fn run_session(
     if written && closed_by_herald(why) {
         // The client may still be writing: read on until its close, so that it gets ours
         // rather than a reset that would discard it (RFC 6455 7.1.1). The socket keeps its
-        // place among `max_connections` meanwhile.
-        let _ = tokio::time::timeout(grace, reader.drain_until_close()).await;
+        // place among `max_connections` meanwhile, unless it is shed for a newer one.
+        let shed = async {
+            match &socket {
+                Some(socket) => socket.shed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::timeout(grace, reader.drain_until_close()) => {}
+            () = shed => {}
+        }
     }
 }
 

@@ -573,6 +573,28 @@ impl Drop for Secret {
 }
 
 #[tokio::test]
+async fn with_auth_on_the_dashboard_page_is_open_and_its_data_is_not() {
+    let secret = Secret::new("open");
+    let server = TestServer::start(Config {
+        auth: secret.auth(),
+        ..Config::default()
+    })
+    .await;
+    // Static files: the page asks for a token itself (docs/security.md).
+    let (status, page) = http(server.addr, "GET", "/", &[], &[]).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<html") || page.contains("<!doctype"),
+        "{page}"
+    );
+    for path in ["/api/stats", "/api/topics", "/metrics"] {
+        let (status, _) = http(server.addr, "GET", path, &[], &[]).await;
+        assert_eq!(status, 401, "{path}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn unauthenticated_sockets_are_shed_oldest_first_so_real_clients_get_in() {
     let secret = Secret::new("shed");
     let server = TestServer::start(Config {
