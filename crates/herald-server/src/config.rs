@@ -23,9 +23,11 @@ pub struct Config {
     /// Most bytes queued for one connection before it is disconnected as a slow consumer.
     pub max_outbound_bytes: usize,
     pub max_subscriptions_per_connection: usize,
-    /// WebSocket connections accepted at once; more are refused with 503.
+    /// Accepted sockets (HTTP and WebSocket) open at once; at the limit the oldest
+    /// unauthenticated one is shed to make room, else a new one is refused with 503.
     pub max_connections: usize,
-    /// How long shutdown waits for clients to receive their close frame (seconds).
+    /// How long shutdown waits for clients to receive their close frame, and how long a
+    /// connection herald closed waits for the client's close frame (seconds).
     pub shutdown_grace_secs: u64,
     /// Per-topic history, first matching pattern wins; topics no rule matches keep only their
     /// last value.

@@ -37,7 +37,7 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_outbound_bytes: Option<usize>,
-    /// WebSocket connections accepted at once [default: 10000]
+    /// Sockets (HTTP and WebSocket) open at once [default: 10000]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
