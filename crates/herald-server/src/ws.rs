@@ -62,8 +62,12 @@ where
         return refusal;
     }
     let token = presented_token(&request);
+    // herald's listener counts every socket against `max_connections` (and sheds an
+    // unauthenticated one to make room, whose session may not have ended yet); this count of
+    // sessions is for connections from elsewhere.
+    let counted = request.extensions().get::<SocketHandle>().is_some();
     let open = node.metrics.connections.get();
-    if open >= node.config.max_connections as i64 {
+    if !counted && open >= node.config.max_connections as i64 {
         node.metrics
             .connections_refused
             .get_or_create(&Reason {

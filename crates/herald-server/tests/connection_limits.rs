@@ -608,3 +608,44 @@ async fn http_publish_refuses_other_origins_and_is_rate_limited_per_ip() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_real_client_gets_in_when_unauthenticated_websockets_fill_every_place() {
+    let secret = Secret::new("full");
+    let server = TestServer::start(Config {
+        max_connections: 6,
+        auth: secret.auth(),
+        limits: LimitsConfig {
+            exempt_ips: vec![[127, 0, 0, 1].into()],
+            ..LimitsConfig::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..6 {
+        let mut s = connect_from(server.addr).await.unwrap();
+        raw_upgrade(&mut s, "").await;
+        silent.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Each real client takes the place of the oldest silent socket, and keeps it.
+    let mut real = Vec::new();
+    for _ in 0..3 {
+        let url = format!("{}?token={}", server.url(), secret.token());
+        let (mut client, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("admitted");
+        subscribe(&mut client, "x").await;
+        real.push(client);
+    }
+    for (i, s) in silent.iter_mut().enumerate() {
+        let (closed, said) = closed_within(s, Duration::from_millis(500)).await;
+        assert_eq!(closed, i < 3, "socket {i}");
+        if closed {
+            assert_eq!(close_code(&said), Some(1013), "socket {i}");
+        }
+    }
+    drop(real);
+    server.stop().await;
+}
