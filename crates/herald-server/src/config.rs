@@ -26,9 +26,11 @@ pub struct Config {
     /// recovery sends its newest messages and reports the rest as a `recovery_limit` gap.
     pub max_recovery_bytes: usize,
     pub max_subscriptions_per_connection: usize,
-    /// WebSocket connections accepted at once; more are refused with 503.
+    /// Accepted sockets (HTTP and WebSocket) open at once; at the limit the oldest
+    /// unauthenticated one is shed to make room, else a new one is refused with 503.
     pub max_connections: usize,
-    /// How long shutdown waits for clients to receive their close frame (seconds).
+    /// How long shutdown waits for clients to receive their close frame, and how long a
+    /// connection herald closed waits for the client's close frame (seconds).
     pub shutdown_grace_secs: u64,
     /// Per-topic history, first matching pattern wins; topics no rule matches keep only their
     /// last value.
@@ -243,6 +245,40 @@ mod tests {
                 (c.history[0].max_messages, c.history[0].max_bytes),
                 (7, 1 << 20)
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn connection_limits_are_set_in_the_limits_section() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "c.toml",
+                r#"
+                [limits]
+                max_unauthenticated = 50
+                max_unauthenticated_per_ip = 4
+                body_timeout_secs = 3
+                body_min_bytes_per_sec = 1000
+                max_partial_bytes = 1048576
+                http_publish_rate_per_ip = 100.0
+                http_publish_burst_per_ip = 200
+                exempt_ips = []
+                "#,
+            )?;
+            let c = Config::load(Some(Path::new("c.toml")), serde_json::json!({})).unwrap();
+            let l = &c.limits;
+            assert_eq!(
+                (l.max_unauthenticated, l.max_unauthenticated_per_ip),
+                (50, 4)
+            );
+            assert_eq!((l.body_timeout_secs, l.body_min_bytes_per_sec), (3, 1000));
+            assert_eq!(l.max_partial_bytes, 1 << 20);
+            assert_eq!(
+                (l.http_publish_rate_per_ip, l.http_publish_burst_per_ip),
+                (100.0, 200)
+            );
+            assert!(l.exempt_ips.is_empty());
             Ok(())
         });
     }

@@ -200,11 +200,14 @@ impl Connection {
         self.wake.notify_one();
     }
 
-    /// Queues a control frame (a pong) that must not count against the consumer.
-    pub fn send_control(&self, frame: Frame) {
-        if self.out.lock().queue.push(frame) == Pushed::First {
+    /// Queues a control frame (a pong) that must not count against the consumer; says what
+    /// became of it (`Overflow`: not queued, the queue is over its bound).
+    pub fn send_control(&self, frame: Frame) -> Pushed {
+        let pushed = self.out.lock().queue.push(frame);
+        if pushed == Pushed::First {
             self.wake.notify_one();
         }
+        pushed
     }
 
     /// Resolves once the connection is being cut off as a slow consumer: for a writer that

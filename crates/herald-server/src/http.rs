@@ -1,11 +1,13 @@
 //! The HTTP surface: the WebSocket endpoint, publish over HTTP, health, metrics, the dashboard.
 
 use crate::auth::{Caller, Refused};
+use crate::limits::SocketHandle;
 use crate::node::Node;
+use crate::upload::{BodyError, LimitedBody};
 use crate::{dashboard, introspect, ws};
-use axum::body::Body;
+use axum::body::{Body, HttpBody};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -30,25 +32,70 @@ pub fn router(node: Arc<Node>) -> Router {
             ),
         )
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            limit_body,
+        ))
         .with_state(node)
 }
 
+/// Puts every request body under the body deadline and the partly received bytes budget.
+async fn limit_body(
+    State(node): State<Arc<Node>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let budget = parts
+        .extensions
+        .get::<SocketHandle>()
+        .map(|s| s.sockets().clone());
+    let body = Body::new(LimitedBody::new(body, &node.config.limits, budget));
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
+}
+
 /// VBDS had no authentication; with auth on, its API is for holders of the admin API key.
+/// Its writes, like HTTP publish, are refused to browser pages from other origins.
 async fn admin_only(
     State(node): State<Arc<Node>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        if let Err(refusal) = check_origin(&node, request.headers()) {
+            return refusal;
+        }
+    }
     if let Err(refusal) = require_admin(&node, request.headers()) {
         return refusal;
     }
+    authenticated(&node, request.extensions().get::<SocketHandle>());
     next.run(request).await
 }
 
-async fn metrics(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+/// The request's socket proved itself (a token or the admin key): it is no longer shed as
+/// unauthenticated.
+fn authenticated(node: &Node, socket: Option<&SocketHandle>) {
+    if node.auth.is_some() {
+        if let Some(socket) = socket {
+            socket.authenticated();
+        }
+    }
+}
+
+async fn metrics(
+    State(node): State<Arc<Node>>,
+    socket: Option<axum::Extension<SocketHandle>>,
+    headers: HeaderMap,
+) -> Response {
     if let Err(refusal) = require_admin(&node, &headers) {
         return refusal;
     }
+    authenticated(&node, socket.as_deref());
     node.refresh_gauges();
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     (
@@ -69,12 +116,37 @@ async fn publish(
     State(node): State<Arc<Node>>,
     Path(topic): Path<String>,
     Query(options): Query<PublishOptions>,
+    socket: Option<axum::Extension<SocketHandle>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if let Err(refusal) = check_origin(&node, &headers) {
+        return refusal;
+    }
+    if let Some(socket) = &socket {
+        if !node
+            .ip_limits
+            .may_publish(socket.peer(), std::time::Instant::now())
+        {
+            node.count_error("rate_limited");
+            let e = ProtocolError::new(
+                "rate_limited",
+                format!(
+                    "too fast: more than {} HTTP publishes per second from your address (limits.http_publish_rate_per_ip)",
+                    node.config.limits.http_publish_rate_per_ip
+                ),
+            );
+            let mut response = error(StatusCode::TOO_MANY_REQUESTS, e);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return response;
+        }
+    }
     if let Err(refusal) = authorize_publish(&node, &headers, &topic) {
         return refusal;
     }
+    authenticated(&node, socket.as_deref());
     let limit = node.config.max_message_bytes;
     let too_large = || {
         node.count_error("message_too_large");
@@ -91,12 +163,38 @@ async fn publish(
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     let payload = match crate::upload::read_body(body, limit, declared).await {
         Ok(payload) => payload,
-        Err(crate::upload::BodyError::TooLarge) => return too_large(),
-        Err(crate::upload::BodyError::Broken) => {
+        Err(BodyError::TooLarge) => return too_large(),
+        Err(BodyError::Broken) => {
             return error(
                 StatusCode::BAD_REQUEST,
                 ProtocolError::new("bad_body", "the request body could not be read"),
             )
+        }
+        Err(BodyError::TooSlow) => {
+            let limits = &node.config.limits;
+            let why = format!(
+                "the request body arrived too slowly: it may take {} s plus one second per {} bytes (limits.body_timeout_secs, limits.body_min_bytes_per_sec)",
+                limits.body_timeout_secs, limits.body_min_bytes_per_sec
+            );
+            return closing(refuse(
+                &node,
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                why,
+            ));
+        }
+        Err(BodyError::Busy) => {
+            let why = "try again later: the server holds its limit of partly received messages (limits.max_partial_bytes)".into();
+            let mut response = closing(refuse(
+                &node,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                why,
+            ));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return response;
         }
     };
     let content_type = headers
@@ -192,6 +290,39 @@ fn authorize_publish(node: &Node, headers: &HeaderMap, topic: &str) -> Result<()
         )),
         Err(Refused(why)) => Err(refuse(node, StatusCode::UNAUTHORIZED, "unauthorized", why)),
     }
+}
+
+/// Refuses a browser page from an origin not in `auth.allowed_origins` (403): with auth off,
+/// any web page could otherwise publish through its visitors' browsers with a simple
+/// cross-site POST. The rule is the WebSocket upgrade's with auth on: an empty list means the
+/// page's own origin only. Clients that send no `Origin` (not browsers) pass.
+#[allow(clippy::result_large_err)]
+fn check_origin(node: &Node, headers: &HeaderMap) -> Result<(), Response> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if crate::auth::origin_allowed(&node.config.auth.allowed_origins, origin, host, false) {
+        return Ok(());
+    }
+    let why =
+        format!("origin {origin:?} may not publish over HTTP: list it in auth.allowed_origins");
+    Err(refuse(
+        node,
+        StatusCode::FORBIDDEN,
+        "origin_not_allowed",
+        why,
+    ))
+}
+
+/// Asks hyper to close the connection after this response (its body was not read whole).
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 fn refuse(node: &Node, status: StatusCode, code: &'static str, why: String) -> Response {

@@ -1,13 +1,15 @@
 //! The accept loop, wired by hand rather than through `axum::serve` so that herald decides what
-//! happens between `accept()` and the first byte of HTTP: per-IP limits, TCP_NODELAY, a deadline
-//! on the request headers (slowloris), and graceful shutdown of plain HTTP connections.
-//! WebSocket connections leave hyper when upgraded; `Node::sessions` tracks those.
+//! happens between `accept()` and the first byte of HTTP: per-IP limits, every socket counted
+//! against `max_connections` (unauthenticated ones shed oldest first to make room), TCP_NODELAY,
+//! a deadline on the request headers (slowloris), and graceful shutdown of plain HTTP
+//! connections. WebSocket connections leave hyper when upgraded; `Node::sessions` tracks those.
 
-use crate::limits::IpGuard;
+use crate::limits::{IpGuard, Socket, SocketHandle, Sockets};
 use crate::metrics::Reason;
 use crate::node::Node;
 use axum::Router;
 use bytes::Bytes;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -58,6 +60,12 @@ pub async fn serve(
     }
     let (stop, stopping) = watch::channel(false);
     let connections = TaskTracker::new();
+    let sockets = Sockets::new(
+        node.config.max_connections,
+        &node.config.limits,
+        node.auth.is_some(),
+        node.metrics.clone(),
+    );
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -72,37 +80,64 @@ pub async fn serve(
                 }
             },
         };
+        let refused = |reason| {
+            node.metrics
+                .connections_refused
+                .get_or_create(&Reason { reason })
+                .inc();
+        };
         let guard = match node.ip_limits.admit(peer.ip(), Instant::now()) {
             Ok(guard) => guard,
             Err(refusal) => {
-                node.metrics
-                    .connections_refused
-                    .get_or_create(&Reason {
-                        reason: refusal.label(),
-                    })
-                    .inc();
+                refused(refusal.label());
                 continue; // dropping the socket closes it
+            }
+        };
+        let socket = match sockets.admit(peer.ip(), node.ip_limits.is_exempt(peer.ip())) {
+            Ok(socket) => socket,
+            Err(_) => {
+                refused("max_connections");
+                if node.tls.is_none() {
+                    // Best effort, without waiting: the socket closes either way.
+                    let _ = tcp.try_write(FULL);
+                }
+                continue;
             }
         };
         // No Nagle: a small message must leave now, not wait for the previous one's ACK.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(router.clone());
+        let handle = socket.handle();
+        let service = WithSocket {
+            inner: TowerToHyperService::new(router.clone()),
+            handle: handle.clone(),
+        };
         let timeout = node.config.limits.handshake_timeout();
         let stopping = stopping.clone();
         let tls = node.tls.as_ref().map(|tls| tls.acceptor());
+        let held = Held { guard, socket };
         connections.spawn(async move {
-            match tls {
-                None => serve_http(Guarded { io: tcp, guard }, service, timeout, stopping).await,
-                Some(acceptor) => match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let io = Guarded { io: tls, guard };
-                        serve_http(io, service, timeout, stopping).await
+            let serve = async move {
+                match tls {
+                    None => serve_http(Guarded { io: tcp, held }, service, timeout, stopping).await,
+                    Some(acceptor) => {
+                        match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(tls)) => {
+                                let io = Guarded { io: tls, held };
+                                serve_http(io, service, timeout, stopping).await
+                            }
+                            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                            Err(_) => {} // slow TLS handshake: the same deadline as headers
+                        }
                     }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                    Err(_) => {} // slow TLS handshake: the same deadline as headers
-                },
+                }
+            };
+            // Shed before an upgrade: the connection is dropped here. After an upgrade the
+            // session watches for it.
+            tokio::select! {
+                () = serve => {}
+                () = handle.shed() => {}
             }
         });
     }
@@ -112,10 +147,35 @@ pub async fn serve(
     let _ = tokio::time::timeout(grace, connections.wait()).await;
 }
 
+/// The answer to a socket refused at `max_connections`.
+const FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 73\r\n\r\nherald is at its limit of connections (max_connections); try again later\n";
+
+/// The router, with each request told which socket it came on ([`SocketHandle`] in its
+/// extensions).
+struct WithSocket {
+    inner: TowerToHyperService<Router>,
+    handle: SocketHandle,
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for WithSocket {
+    type Response = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<Incoming>,
+    >>::Response;
+    type Error =
+        <TowerToHyperService<Router> as hyper::service::Service<hyper::Request<Incoming>>>::Error;
+    type Future =
+        <TowerToHyperService<Router> as hyper::service::Service<hyper::Request<Incoming>>>::Future;
+
+    fn call(&self, mut request: hyper::Request<Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.handle.clone());
+        self.inner.call(request)
+    }
+}
+
 /// Serves HTTP/1 on one connection until it ends, is upgraded, or the server stops.
 async fn serve_http<S>(
     io: Guarded<S>,
-    service: TowerToHyperService<Router>,
+    service: WithSocket,
     timeout: Duration,
     mut stopping: watch::Receiver<bool>,
 ) where
@@ -141,20 +201,30 @@ async fn serve_http<S>(
     }
 }
 
-/// A stream (plain TCP, or TLS over it) that holds its source IP's connection slot until it is
-/// dropped, which, for an upgraded WebSocket, is when the session ends.
+/// A stream (plain TCP, or TLS over it) that holds its source IP's connection slot and its
+/// place among the open sockets until it is dropped, which, for an upgraded WebSocket, is when
+/// the session ends.
 struct Guarded<S> {
     io: S,
-    guard: IpGuard,
+    held: Held,
 }
 
-/// The plain TCP socket under a WebSocket upgraded from herald's listener, with its IP slot and
-/// the bytes hyper read past the handshake; `Err` gives back anything else (TLS, or a
-/// connection served by another listener, as in tests).
-pub(crate) fn into_tcp(upgraded: Upgraded) -> Result<(TcpStream, IpGuard, Bytes), Upgraded> {
+/// What an accepted socket holds while it is open: its places in its IP's count and in the
+/// server's.
+pub struct Held {
+    #[allow(dead_code)] // held for its Drop
+    guard: IpGuard,
+    #[allow(dead_code)] // held for its Drop
+    socket: Socket,
+}
+
+/// The plain TCP socket under a WebSocket upgraded from herald's listener, with its places in
+/// the counts and the bytes hyper read past the handshake; `Err` gives back anything else
+/// (TLS, or a connection served by another listener, as in tests).
+pub(crate) fn into_tcp(upgraded: Upgraded) -> Result<(TcpStream, Held, Bytes), Upgraded> {
     let parts = upgraded.downcast::<TokioIo<Guarded<TcpStream>>>()?;
     let guarded = parts.io.into_inner();
-    Ok((guarded.io, guarded.guard, parts.read_buf))
+    Ok((guarded.io, guarded.held, parts.read_buf))
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {

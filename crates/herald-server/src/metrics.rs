@@ -87,6 +87,10 @@ pub enum Disconnect {
     RateLimited,
     /// Nothing arrived, not even a pong, for the idle timeout (1001).
     Idle,
+    /// Shed, unauthenticated, to make room for a newer connection (1013).
+    Shed,
+    /// Its partly received message would exceed `limits.max_partial_bytes` (1013).
+    Busy,
 }
 
 impl Disconnect {
@@ -103,6 +107,8 @@ impl Disconnect {
             Disconnect::TokenExpired => "token_expired",
             Disconnect::RateLimited => "rate_limited",
             Disconnect::Idle => "idle",
+            Disconnect::Shed => "shed",
+            Disconnect::Busy => "server_busy",
         }
     }
 }
@@ -112,6 +118,10 @@ pub struct Metrics {
     pub connections: Gauge,
     pub connections_total: Counter,
     pub connections_refused: Family<Reason, Counter>,
+    /// Accepted sockets open (HTTP and WebSocket), as counted against `max_connections`.
+    pub sockets: Gauge,
+    /// Unauthenticated sockets closed to make room, by the limit that was reached.
+    pub connections_shed: Family<Reason, Counter>,
     pub subscriptions: Gauge,
     pub topics: Gauge,
     /// Topics forgotten for being idle with no subscriber (see `Engine::sweep`).
@@ -153,6 +163,8 @@ impl Metrics {
             connections: Gauge::default(),
             connections_total: Counter::default(),
             connections_refused: Family::default(),
+            sockets: Gauge::default(),
+            connections_shed: Family::default(),
             subscriptions: Gauge::default(),
             topics: Gauge::default(),
             topics_forgotten: Counter::default(),
@@ -180,8 +192,18 @@ impl Metrics {
         );
         registry.register(
             "connections_refused",
-            "WebSocket connections refused, by reason",
+            "Connections refused, by reason",
             m.connections_refused.clone(),
+        );
+        registry.register(
+            "sockets",
+            "Accepted sockets open, HTTP and WebSocket (counted against max_connections)",
+            m.sockets.clone(),
+        );
+        registry.register(
+            "connections_shed",
+            "Unauthenticated connections closed to make room for newer ones, by the limit reached",
+            m.connections_shed.clone(),
         );
         registry.register(
             "subscriptions",

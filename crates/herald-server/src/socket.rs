@@ -5,7 +5,7 @@
 //! by the connection's writer task. Anything else (TLS) goes through tokio's `split`, whose
 //! halves share a lock, and is written by the writer task alone.
 
-use crate::limits::IpGuard;
+use crate::listener::Held;
 use bytes::{Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -22,11 +22,12 @@ type Split<T> = (tokio::io::ReadHalf<T>, tokio::io::WriteHalf<T>);
 /// The read side of a session's stream.
 pub enum SocketRead {
     /// Plain TCP, with the bytes hyper had already read past the handshake; holds the
-    /// connection's place in its IP's count for as long as the session reads.
+    /// connection's places in its IP's and the server's counts for as long as the session
+    /// reads.
     Tcp {
         half: OwnedReadHalf,
         ahead: Bytes,
-        guard: IpGuard,
+        guard: Held,
     },
     Split(tokio::io::ReadHalf<TokioIo<Upgraded>>),
 }

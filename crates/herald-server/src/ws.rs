@@ -8,7 +8,7 @@ use crate::auth::{self, Access, Admit, Deadline, Refused};
 use crate::connection::{Connection, QueueLimits};
 use crate::flush::Pending;
 use crate::frame_reader::{FrameReader, ReadError};
-use crate::limits::Meter;
+use crate::limits::{Meter, SocketHandle};
 use crate::metrics::{Disconnect, Reason};
 use crate::node::{now_us, Node};
 use axum::body::Body;
@@ -17,6 +17,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use herald_core::engine::ConnId;
+use herald_core::outbox::Pushed;
 use herald_core::wire::client_frames::{FrameError, Inbound};
 use herald_core::wire::{self, ProtocolError, Reply};
 use std::future::Future;
@@ -30,7 +31,10 @@ use tokio::sync::watch;
 const HEADER_ALLOWANCE: usize = 64 << 10;
 
 pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Response {
-    accept(node, request, run_session)
+    let socket = request.extensions().get::<SocketHandle>().cloned();
+    accept(node, request, move |node, read, write, token| {
+        run_session(node, read, write, token, socket)
+    })
 }
 
 /// The two halves of an upgraded connection.
@@ -58,8 +62,12 @@ where
         return refusal;
     }
     let token = presented_token(&request);
+    // herald's listener counts every socket against `max_connections` (and sheds an
+    // unauthenticated one to make room, whose session may not have ended yet); this count of
+    // sessions is for connections from elsewhere.
+    let counted = request.extensions().get::<SocketHandle>().is_some();
     let open = node.metrics.connections.get();
-    if open >= node.config.max_connections as i64 {
+    if !counted && open >= node.config.max_connections as i64 {
         node.metrics
             .connections_refused
             .get_or_create(&Reason {
@@ -172,7 +180,17 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: Option<String>) {
+/// Pongs herald may owe a client at once (queued, not yet written): a client that pings
+/// without reading its pongs is cut off as the rate limit cuts a client off.
+const MAX_PONGS_OWED: usize = 64;
+
+async fn run_session(
+    node: Arc<Node>,
+    read: ReadHalf,
+    write: WriteHalf,
+    token: Option<String>,
+    socket: Option<SocketHandle>,
+) {
     let (max, metrics) = (QueueLimits::of(&node.config), node.metrics.clone());
     let (conn, write) = match write {
         WriteHalf::Tcp(socket) => (Connection::direct(socket, max, metrics), None),
@@ -181,11 +199,18 @@ async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: O
     let id = node.engine.lock().connect(conn.clone());
     let mut access = Access::new(node.auth.clone(), node.config.limits.handshake_timeout());
     if let Some(token) = token {
-        if let Err(Refused(why)) = access.present(&token) {
-            node.count_error("unauthorized");
-            let error = ProtocolError::new("unauthorized", why);
-            conn.send_control(wire::encode_reply(&Reply::from(error)));
-            conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
+        match access.present(&token) {
+            Ok(_) => {
+                if let Some(socket) = &socket {
+                    socket.authenticated();
+                }
+            }
+            Err(Refused(why)) => {
+                node.count_error("unauthorized");
+                let error = ProtocolError::new("unauthorized", why);
+                conn.send_control(wire::encode_reply(&Reply::from(error)));
+                conn.close(Disconnect::Unauthorized, 4003, "unauthorized");
+            }
         }
     }
     // Boxed, and only with auth on: without it the future would never complete, yet take
@@ -195,8 +220,15 @@ async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: O
         None => Box::pin(std::future::pending()),
     };
     let activity = Activity::default();
-    let mut reader = FrameReader::new(read, frame_limit(&node));
+    let budget = socket.as_ref().map(|s| s.sockets().clone());
+    let mut reader = FrameReader::new(read, frame_limit(&node)).with_budget(budget);
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
+    let shed = async {
+        match &socket {
+            Some(socket) => socket.shed().await,
+            None => std::future::pending().await,
+        }
+    };
     let writer = async {
         match write {
             Some(write) => conn.run_writer(write, grace).await,
@@ -204,30 +236,87 @@ async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: O
         }
     };
     tokio::pin!(writer);
-    let why = tokio::select! {
-        why = read_requests(&node, id, &conn, &mut reader, &mut access, &activity) => {
-            let _ = writer.await;
-            conn.close_reason().unwrap_or(why)
+    let session = Session {
+        node: &node,
+        id,
+        conn: &conn,
+        access: &mut access,
+        activity: &activity,
+        socket: socket.as_ref(),
+    };
+    // `written`: herald's close frame went out.
+    let (why, written) = tokio::select! {
+        why = read_requests(session, &mut reader) => {
+            let written = writer.await.is_ok();
+            (conn.close_reason().unwrap_or(why), written)
         }
         result = &mut writer => match (result, conn.close_reason()) {
-            (_, Some(why)) => why,
-            (Err(_), None) => Disconnect::IoError,
-            (Ok(()), None) => Disconnect::ClientClosed,
+            (result, Some(why)) => (why, result.is_ok()),
+            (Err(_), None) => (Disconnect::IoError, false),
+            (Ok(()), None) => (Disconnect::ClientClosed, true),
         },
         why = keepalive(&node, &conn, &activity) => {
-            let _ = writer.await;
-            conn.close_reason().unwrap_or(why)
+            let written = writer.await.is_ok();
+            (conn.close_reason().unwrap_or(why), written)
         }
         deadline = lapsed => {
             let why = if deadline.code == 4001 { Disconnect::TokenExpired } else { Disconnect::Unauthorized };
             conn.close(why, deadline.code, deadline.reason);
-            let _ = writer.await;
-            conn.close_reason().unwrap_or(why)
+            let written = writer.await.is_ok();
+            (conn.close_reason().unwrap_or(why), written)
+        }
+        () = shed => {
+            let reason = "try again later: shed, unauthenticated, to make room for newer connections";
+            conn.close(Disconnect::Shed, 1013, reason);
+            let written = writer.await.is_ok();
+            (conn.close_reason().unwrap_or(Disconnect::Shed), written)
         }
     };
+    // The session is over: its subscriptions go, nothing more is sent, no publisher waits on
+    // it, and it is counted as closed.
     node.disconnect(id);
     node.metrics.disconnected(why);
     tracing::debug!(conn = id, reason = why.label(), "connection closed");
+    if written && closed_by_herald(why) {
+        // The client may still be writing: read on until its close, so that it gets ours
+        // rather than a reset that would discard it (RFC 6455 7.1.1). The socket keeps its
+        // place among `max_connections` meanwhile, unless it is shed for a newer one.
+        let shed = async {
+            match &socket {
+                Some(socket) => socket.shed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::timeout(grace, reader.drain_until_close()) => {}
+            () = shed => {}
+        }
+    }
+}
+
+/// Whether herald closed the connection on a stream still framed (not the client's close, the
+/// end of the stream, or a protocol error), so that the client may still be writing. A shed
+/// connection is not waited for (its place is wanted now), nor is one closed by shutdown
+/// (which waits for the close frames to go out, and should not wait longer).
+fn closed_by_herald(why: Disconnect) -> bool {
+    !matches!(
+        why,
+        Disconnect::ClientClosed
+            | Disconnect::IoError
+            | Disconnect::ProtocolError
+            | Disconnect::Shed
+            | Disconnect::Shutdown
+    )
+}
+
+/// What a session's reader works with.
+struct Session<'a> {
+    node: &'a Node,
+    id: ConnId,
+    conn: &'a Arc<Connection>,
+    access: &'a mut Access,
+    activity: &'a Activity,
+    socket: Option<&'a SocketHandle>,
 }
 
 /// When the client last sent anything, in ms since the session started.
@@ -273,30 +362,51 @@ impl Activity {
     }
 }
 
-/// Pings a quiet client every `ping_interval` and closes it (1001) once nothing, not even a
-/// pong, has arrived for `idle_timeout`. Never completes when both are 0.
+/// Pings a client once it has been quiet for `ping_interval`, and again every `ping_interval`
+/// while it stays quiet; closes it (1001) once nothing, not even a pong, has arrived for
+/// `idle_timeout`. A client that answers pings is thus never idle, even with `idle_timeout` as
+/// short as `ping_interval` plus its round trip. Never completes when both are 0.
 async fn keepalive(node: &Node, conn: &Connection, activity: &Activity) -> Disconnect {
     let limits = &node.config.limits;
     let idle = Duration::from_secs(limits.idle_timeout_secs);
-    let every = match (limits.ping_interval_secs, limits.idle_timeout_secs) {
-        (0, 0) => return std::future::pending().await,
-        (0, i) | (i, 0) => Duration::from_secs(i),
-        (p, i) => Duration::from_secs(p.min(i)),
-    };
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    let every = Duration::from_secs(limits.ping_interval_secs);
+    if idle.is_zero() && every.is_zero() {
+        return std::future::pending().await;
+    }
+    let mut pinged: Option<Instant> = None;
+    let sleep = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(sleep);
     loop {
-        tick.tick().await;
         let quiet = activity.quiet_for();
         if !idle.is_zero() && quiet >= idle {
             let reason = format!("idle: nothing received for {} s", idle.as_secs());
             conn.close(Disconnect::Idle, 1001, &reason);
             return Disconnect::Idle;
         }
-        if limits.ping_interval_secs > 0 && quiet >= every {
-            conn.send_control(wire::encode_control(wire::OpCode::Ping, b"herald"));
+        let mut wait = if idle.is_zero() {
+            Duration::MAX
+        } else {
+            idle - quiet
+        };
+        if !every.is_zero() {
+            let since_ping = pinged.map_or(Duration::MAX, |at| at.elapsed());
+            if quiet >= every && since_ping >= every {
+                conn.send_control(wire::encode_control(wire::OpCode::Ping, b"herald"));
+                pinged = Some(Instant::now());
+                wait = wait.min(every);
+            } else {
+                let due = every
+                    .saturating_sub(quiet)
+                    .max(every.saturating_sub(since_ping));
+                wait = wait.min(due);
+            }
         }
+        let wait = wait.max(Duration::from_millis(1));
+        match tokio::time::Instant::now().checked_add(wait) {
+            Some(at) => sleep.as_mut().reset(at),
+            None => return std::future::pending().await,
+        }
+        sleep.as_mut().await;
     }
 }
 
@@ -342,15 +452,18 @@ impl ReadAt {
 }
 
 /// Reads frames until the client closes or breaks the protocol; returns why it stopped.
-async fn read_requests(
-    node: &Node,
-    id: ConnId,
-    conn: &Arc<Connection>,
-    reader: &mut FrameReader,
-    access: &mut Access,
-    activity: &Activity,
-) -> Disconnect {
+async fn read_requests(session: Session<'_>, reader: &mut FrameReader) -> Disconnect {
+    let Session {
+        node,
+        id,
+        conn,
+        access,
+        activity,
+        socket,
+    } = session;
     let mut now = ReadAt::now();
+    // The pongs queued and not yet written (each still shared with the queue), oldest first.
+    let mut pongs_owed: std::collections::VecDeque<Bytes> = Default::default();
     let mut meter = Meter::new(&node.config.limits, now.instant);
     // What this reader's requests queued for other connections: written once the input read
     // so far is handled (see `flush`), so a burst of publishes leaves in few writes.
@@ -407,16 +520,25 @@ async fn read_requests(
             Inbound::Pong => 0,
         };
         if let Err(why) = meter.record(length, now.instant) {
-            node.count_error("rate_limited");
-            let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
-            conn.send_control(wire::encode_reply(&Reply::from(error)));
-            conn.close(Disconnect::RateLimited, 1008, "rate limit exceeded");
-            return Disconnect::RateLimited;
+            return rate_limited(node, conn, &why);
         }
         let (binary, payload) = match frame {
             Inbound::Message { binary, payload } => (binary, payload),
             Inbound::Ping(payload) => {
-                conn.send_control(wire::encode_control(wire::OpCode::Pong, &payload));
+                // Written pongs are no longer shared: they are no longer owed.
+                while pongs_owed.front().is_some_and(Bytes::is_unique) {
+                    pongs_owed.pop_front();
+                }
+                let pong = wire::encode_control(wire::OpCode::Pong, &payload);
+                let head = pong.head.clone();
+                if pongs_owed.len() >= MAX_PONGS_OWED || conn.send_control(pong) == Pushed::Overflow
+                {
+                    let why = format!(
+                        "pings faster than their pongs are read (more than {MAX_PONGS_OWED} pongs unread)"
+                    );
+                    return rate_limited(node, conn, &why);
+                }
+                pongs_owed.push_back(head);
                 continue;
             }
             Inbound::Close(payload) => {
@@ -429,7 +551,7 @@ async fn read_requests(
         // In a block of its own: the request's slots end here, so that a wait keeps only
         // its box across the await (rustc keeps a moved-from local while it is in scope).
         let (waiting, releases) = {
-            let request = match admitted(node, conn, access, binary, payload) {
+            let request = match admitted(node, conn, access, socket, binary, payload) {
                 Ok(request) => request,
                 Err(None) => continue,
                 Err(Some(why)) => return why,
@@ -477,6 +599,7 @@ fn admitted(
     node: &Node,
     conn: &Connection,
     access: &mut Access,
+    socket: Option<&SocketHandle>,
     binary: bool,
     payload: Bytes,
 ) -> Result<wire::Request, Option<Disconnect>> {
@@ -506,8 +629,14 @@ fn admitted(
     match access.admit(&request) {
         Admit::Pass => Ok(request),
         Admit::Reply(reply) => {
-            if let Reply::Error { code, .. } = &reply {
-                node.count_error(code);
+            match &reply {
+                Reply::Error { code, .. } => node.count_error(code),
+                Reply::Authed { .. } => {
+                    if let Some(socket) = socket {
+                        socket.authenticated();
+                    }
+                }
+                _ => {}
             }
             conn.send_control(wire::encode_reply(&reply));
             Err(None)
@@ -519,6 +648,15 @@ fn admitted(
             Err(Some(Disconnect::Unauthorized))
         }
     }
+}
+
+/// Tells the client it is too fast (`rate_limited`), closes it with 1008 and counts it.
+fn rate_limited(node: &Node, conn: &Connection, why: &str) -> Disconnect {
+    node.count_error("rate_limited");
+    let error = ProtocolError::new("rate_limited", format!("too fast: {why}"));
+    conn.send_control(wire::encode_reply(&Reply::from(error)));
+    conn.close(Disconnect::RateLimited, 1008, "rate limit exceeded");
+    Disconnect::RateLimited
 }
 
 /// Closes the connection for a read that failed, with the code RFC 6455 gives.
@@ -533,6 +671,11 @@ pub(crate) fn close_for_error(conn: &Connection, error: &ReadError) -> Disconnec
         ReadError::Frame(e) => (Disconnect::ProtocolError, e.code(), e.to_string()),
         ReadError::Ended => (Disconnect::ClientClosed, 1000, String::new()),
         ReadError::Io(_) => (Disconnect::IoError, 1011, String::new()),
+        ReadError::Busy => (
+            Disconnect::Busy,
+            1013,
+            "try again later: the server holds its limit of partly received messages".into(),
+        ),
     };
     conn.close(why, code, &reason);
     conn.close_reason().unwrap_or(why)

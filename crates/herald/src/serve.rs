@@ -51,7 +51,7 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     topic_idle_secs: Option<u64>,
-    /// WebSocket connections accepted at once [default: 10000]
+    /// Sockets (HTTP and WebSocket) open at once [default: 10000]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
