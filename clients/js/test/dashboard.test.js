@@ -119,7 +119,9 @@ test("the topic explorer shows the tree with subscribers and last values", { ski
   const cells = await row.locator("td").allInnerTexts();
   assert.match(cells[0], /t3/);
   assert.equal(cells[4], "39", "the last value of demo/sensors/t3");
-  assert.ok(await page.locator("#t-body tr.branch", { hasText: "sensors/" }).count(), "levels are branches");
+  const branch = await page.locator("#t-body tr.branch", { hasText: "sensors/" }).locator("td").allInnerTexts();
+  assert.match(branch[0], /sensors\/ 4 topics/, "a branch says how many topics it holds");
+  assert.equal(branch[3], "", "and has no sequence number");
   await screenshot("topics");
 });
 
@@ -258,6 +260,35 @@ test("a JPEG image is drawn directly", { skip }, async () => {
   });
   assert.equal(px.w, 40);
   assert.ok(px.p[0] > 240 && px.p[1] < 20 && px.p[2] < 20, `red: ${px.p}`);
+  assert.equal(await page.locator("#i-header").textContent(), "(not a FITS image: no header)", "not the previous FITS header");
+});
+
+test("the topic explorer's watch opens images in Images and the rest in Live", { skip }, async () => {
+  await page.goto(herald.http + "/#topics");
+  await page.locator("#t-body tr", { hasText: "jpeg" }).locator("a.watch").click();
+  await page.waitForFunction(() => location.hash === "#images");
+  assert.equal(await page.inputValue("#i-topic"), "camera/3/jpeg");
+  await page.waitForFunction(() => Number(document.getElementById("i-drawn")?.textContent) >= 1, undefined, { timeout: 5000 });
+  await page.goto(herald.http + "/#topics");
+  await page.locator("#t-body tr", { hasText: "t3" }).locator("a.watch").click();
+  await page.waitForFunction(() => location.hash === "#live");
+  assert.equal(await page.inputValue("#l-pattern"), "demo/sensors/t3");
+  await page.evaluate(() => (location.hash = "#images"));
+  await page.fill("#i-topic", "camera/>");
+  await page.click("#i-form button[type=submit]");
+});
+
+test("Live refuses to publish invalid JSON as application/json", { skip }, async () => {
+  await page.goto(herald.http + "/#live");
+  await page.selectOption("#p-ct", "application/json");
+  await page.fill("#p-topic", "demo/json");
+  await page.fill("#p-data", "{not json");
+  await page.click("#p-form button[type=submit]");
+  await page.waitForFunction(() => /^not sent: not valid JSON/.test(document.getElementById("p-result")?.textContent ?? ""));
+  await page.fill("#p-data", '{"ok": true}');
+  await page.click("#p-form button[type=submit]");
+  await page.waitForFunction(() => /^published demo\/json #1$/.test(document.getElementById("p-result")?.textContent ?? ""));
+  await page.selectOption("#p-ct", "text/plain");
 });
 
 test("the latency view shows percentiles of both legs", { skip }, async () => {
@@ -269,6 +300,12 @@ test("the latency view shows percentiles of both legs", { skip }, async () => {
   const cells = await page.locator("#lat-body td").allInnerTexts();
   for (const i of [2, 3, 4, 8, 9, 10]) assert.match(cells[i], /^\d+(\.\d+)? (µs|ms)$/, `cell ${i}: ${cells[i]}`);
   await screenshot("latency");
+  // herald never forgets a topic: visits, and other pages, share one probe topic.
+  await page.goto(herald.http + "/#overview");
+  await page.goto(herald.http + "/#latency");
+  await page.waitForFunction(() => Number(document.querySelectorAll("#lat-body td")[1]?.textContent) >= 5);
+  const probes = await (await fetch(`${herald.http}/api/topics?prefix=herald/probe/`)).json();
+  assert.deepEqual(probes.topics.map((t) => t.topic), ["herald/probe/dashboard"]);
 });
 
 test("a narrow window has no horizontal scrolling", { skip }, async () => {
