@@ -2,7 +2,8 @@
 // (docs/protocol.md). No runtime dependencies: it uses the platform WebSocket, TextEncoder and
 // TextDecoder. It makes the delivery contract (docs/semantics.md) effortless to use: it remembers
 // the last position seen per topic and subscription, reconnects with exponential backoff and
-// jitter, resubscribes with `since`, and reports whether the gap was fully recovered.
+// jitter, resubscribes with `since` and the subscription's cursor, and reports herald's verdict
+// on whether the gap was fully recovered.
 
 import { topicMatches } from "./topic.js";
 
