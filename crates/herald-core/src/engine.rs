@@ -10,9 +10,7 @@ use crate::outbox::Delivery;
 use crate::policy::{Credit, Policy, PolicyRule, QueuePolicy};
 use crate::prefetch::prefetch;
 use crate::topic;
-use crate::wire::{
-    self, Frame, Gap, GapReason, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe,
-};
+use crate::wire::{self, Frame, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe};
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -31,6 +29,18 @@ pub trait Outbox {
     /// A message for this connection is coming: start loading what [`Outbox::deliver`] will
     /// touch (see [`crate::prefetch`]).
     fn prefetch(&self) {}
+
+    /// A replayed or snapshot message: never dropped, and not counted against the bound on
+    /// live messages (a recovery larger than that bound must not cut a healthy subscriber).
+    fn send_recovered(&self, frame: &Frame) {
+        self.send(frame)
+    }
+
+    /// How many bytes of recovery this connection may still queue; a recovery larger than
+    /// this leaves out its oldest messages and says so in its reply.
+    fn recovery_room(&self) -> usize {
+        usize::MAX
+    }
 }
 
 impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
@@ -44,6 +54,14 @@ impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
 
     fn prefetch(&self) {
         (**self).prefetch()
+    }
+
+    fn send_recovered(&self, frame: &Frame) {
+        (**self).send_recovered(frame)
+    }
+
+    fn recovery_room(&self) -> usize {
+        (**self).recovery_room()
     }
 }
 
@@ -484,12 +502,18 @@ impl<O: Outbox> Engine<O> {
         self.topics.len()
     }
 
-    /// Every topic, read-only, for introspection (the dashboard's topic explorer). Counting
-    /// subscribers walks the subscription index once per topic, so this is for an occasional
-    /// request, not the publish path.
-    pub fn topics(&self) -> impl Iterator<Item = TopicView<'_>> {
+    /// A page of topics, read-only, for introspection (the dashboard's topic explorer): those
+    /// whose name starts with `prefix`, after `after`, in name order, at most `limit`. Costs
+    /// the page, not every topic; counting a topic's subscribers walks the subscription index
+    /// once per topic listed, so this is for an occasional request, not the publish path.
+    pub fn topics_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> impl Iterator<Item = TopicView<'a>> + 'a {
         let mut conns = Vec::new();
-        self.topics.iter().map(move |t| {
+        self.topics.page(prefix, after, limit).map(move |t| {
             conns.clear();
             self.index.for_each_match(&t.name, |c| conns.push(c));
             conns.sort_unstable();
@@ -503,6 +527,14 @@ impl<O: Outbox> Engine<O> {
                 state: t,
             }
         })
+    }
+
+    /// How many topics' names start with `prefix` (walks them, unless the prefix is empty).
+    pub fn topic_count_under(&self, prefix: &str) -> usize {
+        if prefix.is_empty() {
+            return self.topics.len();
+        }
+        self.topics.page(prefix, None, usize::MAX).count()
     }
 
     /// Carries out one request from connection `conn`; replies and errors go to its outbox.
@@ -693,6 +725,8 @@ impl<O: Outbox> Engine<O> {
             // Nobody to send it to, no history to keep it in: a discard, whose frame would be
             // needed only if someone asked for the last value. Kept as published instead.
             state.last = Some(Last::Unencoded(Unencoded::of(p, seq, now_us)));
+            state.last_at = generation;
+            state.dropped_at = generation;
             self.matched = matched;
             return Published {
                 seq,
@@ -719,6 +753,7 @@ impl<O: Outbox> Engine<O> {
             Stored {
                 seq,
                 at_us: now_us,
+                at: generation,
                 frame: frame.clone(),
             },
         );
@@ -876,54 +911,8 @@ impl<O: Outbox> Engine<O> {
             }
         }
 
-        let mut frames = Vec::new();
-        let mut gaps = Vec::new();
-        for (name, pos) in since {
-            let Some(state) = self.topics.get_mut(name.as_str()) else {
-                gaps.push(Gap {
-                    topic: name.clone(),
-                    reason: GapReason::UnknownTopic,
-                });
-                continue;
-            };
-            if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
-                state.trim_by_age(rule, now_us);
-            }
-            if state.epoch != pos.epoch {
-                gaps.push(Gap {
-                    topic: name.clone(),
-                    reason: GapReason::EpochChanged {
-                        epoch: state.epoch.clone(),
-                    },
-                });
-                frames.extend(state.history.iter().map(|m| m.frame.clone()));
-                continue;
-            }
-            let next = pos.seq + 1;
-            if next > state.seq {
-                continue;
-            }
-            let oldest = state.history.front().map_or(state.seq + 1, |m| m.seq);
-            if oldest > next {
-                gaps.push(Gap {
-                    topic: name.clone(),
-                    reason: GapReason::HistoryTrimmed {
-                        from: next,
-                        to: oldest - 1,
-                    },
-                });
-            }
-            frames.extend(
-                state
-                    .history
-                    .iter()
-                    .filter(|m| m.seq >= next)
-                    .map(|m| m.frame.clone()),
-            );
-        }
-        if s.snapshot {
-            frames.extend(self.last_values(&s.topic, &s.since));
-        }
+        let room = self.conn(conn).map_or(0, |c| c.outbox.recovery_room());
+        let recovery = self.recover(&s, now_us, room);
 
         let sub = Sub::new(&s, self.publish_count);
         self.lossless += usize::from(sub.is_lossless());
@@ -950,37 +939,19 @@ impl<O: Outbox> Engine<O> {
         let reply = Reply::Subscribed {
             id: s.id,
             topic: s.topic,
-            recovered: gaps.is_empty(),
-            replayed: frames.len(),
-            gaps,
+            recovered: recovery.gaps.is_empty(),
+            replayed: recovery.frames.len(),
+            gaps: recovery.gaps,
+            cursor: self.cursor(),
         };
         self.reply(conn, &reply);
         if let Some(c) = self.conn(conn) {
-            frames.iter().for_each(|f| c.outbox.send(f));
+            recovery
+                .frames
+                .iter()
+                .for_each(|f| c.outbox.send_recovered(f));
         }
         Ok(())
-    }
-
-    /// The last value of every topic `pattern` matches, except those in `skip`, by topic name.
-    fn last_values(&self, pattern: &str, skip: &HashMap<String, wire::Position>) -> Vec<Frame> {
-        if !topic::is_pattern(pattern) {
-            return self
-                .topics
-                .get(pattern)
-                .filter(|_| !skip.contains_key(pattern))
-                .and_then(|t| t.last_frame())
-                .into_iter()
-                .collect();
-        }
-        let mut found: Vec<_> = self
-            .topics
-            .iter()
-            .filter(|t| {
-                t.last.is_some() && !skip.contains_key(&*t.name) && topic::matches(pattern, &t.name)
-            })
-            .collect();
-        found.sort_by(|a, b| a.name.cmp(&b.name));
-        found.into_iter().filter_map(|t| t.last_frame()).collect()
     }
 
     fn unsubscribe(
@@ -1013,6 +984,7 @@ impl<O: Outbox> Engine<O> {
 }
 
 mod cluster;
+mod recovery;
 mod topics;
 
 use topics::{Last, Numbering, Stored, TopicState, Topics, Unencoded};

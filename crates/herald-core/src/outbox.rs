@@ -89,6 +89,9 @@ pub struct OutboundQueue {
     /// (Conflated values are counted per topic in [`Conflation`], announced with their message.)
     dropped: TopicMap<Arc<str>, u64>,
     bytes: usize,
+    /// Bytes of replayed and snapshot messages queued: outside `bytes` and its bound (the
+    /// caller bounds a recovery by its own limit before queueing it).
+    recovered_bytes: usize,
     held_bytes: usize,
     limit: usize,
     closed: bool,
@@ -115,6 +118,24 @@ impl OutboundQueue {
         }
         self.append(frame, None);
         self.pushed()
+    }
+
+    /// Queues a replayed or snapshot message: never dropped, and not counted against the bound
+    /// on live messages, so a recovery larger than the bound reaches a healthy subscriber
+    /// whole (the caller bounds recoveries by their own limit: [`OutboundQueue::recovered_bytes`]).
+    pub fn push_recovered(&mut self, frame: Frame) -> Pushed {
+        if self.closed {
+            return Pushed::Closed;
+        }
+        self.recovered_bytes += frame.len();
+        self.live += 1;
+        self.slots.push_back(Some(Entry { frame, topic: None }));
+        self.pushed()
+    }
+
+    /// Bytes of recovery queued and not yet taken by the writer.
+    pub fn recovered_bytes(&self) -> usize {
+        self.recovered_bytes
     }
 
     /// Queues a message under its policy: `drop` makes room by dropping the oldest droppable
@@ -210,8 +231,10 @@ impl OutboundQueue {
         delivered
     }
 
+    /// Whether `frame` may join the live backlog: always into an empty one (a message larger
+    /// than the bound still goes whole), else within the bound.
     fn fits(&self, frame: &Frame) -> bool {
-        self.live == 0 || self.bytes + frame.len() <= self.limit
+        self.bytes == 0 || self.bytes + frame.len() <= self.limit
     }
 
     fn append(&mut self, frame: Frame, topic: Option<Arc<str>>) {
@@ -246,6 +269,7 @@ impl OutboundQueue {
             self.dropped.clear();
             self.live = 0;
             self.bytes = 0;
+            self.recovered_bytes = 0;
         }
         self.conflated.clear();
         self.due.clear();
@@ -306,6 +330,7 @@ impl OutboundQueue {
         self.droppable.clear();
         self.live = 0;
         self.bytes = 0;
+        self.recovered_bytes = 0;
     }
 
     /// Gives back the memory a burst left behind, once the queue is empty: an idle connection

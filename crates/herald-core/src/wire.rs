@@ -106,6 +106,9 @@ pub struct Subscribe {
     pub topic: String,
     pub snapshot: bool,
     pub since: HashMap<String, Position>,
+    /// The cursor of this subscription's first `subscribed` reply, sent back when it recovers:
+    /// topics the pattern matches that `since` does not name are replayed from there.
+    pub cursor: Option<String>,
     /// The slow-consumer policy asked for; `None` leaves it to the configured default.
     pub policy: Option<crate::policy::Policy>,
     /// `conflate`: at most this many messages per second per topic.
@@ -174,6 +177,8 @@ struct RawRequest<'a> {
     #[serde(default)]
     since: HashMap<String, Position>,
     #[serde(borrow, default)]
+    cursor: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
     token: Option<Cow<'a, str>>,
     #[serde(default)]
     policy: Option<crate::policy::Policy>,
@@ -238,12 +243,7 @@ pub fn decode_text_general(text: &str) -> Result<Request, ProtocolError> {
 }
 
 fn decode_general(text: &str, share: impl Fn(&str) -> Bytes) -> Result<Request, ProtocolError> {
-    let raw = parse_object(text).map_err(|e| {
-        ProtocolError::new(
-            "bad_json",
-            format!("request is not a valid JSON object: {e}"),
-        )
-    })?;
+    let raw = parse_object(text).map_err(|e| e.into_error("bad_json", "request"))?;
     let data = raw.data.as_ref().map(|d| match d {
         Cow::Borrowed(d) => share(d),
         Cow::Owned(d) => Bytes::copy_from_slice(d.as_bytes()),
@@ -255,12 +255,7 @@ fn decode_general(text: &str, share: impl Fn(&str) -> Bytes) -> Result<Request, 
 /// The payload is a zero-copy slice of `frame`.
 pub fn decode_binary(frame: Bytes) -> Result<Request, ProtocolError> {
     let (head, payload_at) = split_binary(&frame)?;
-    let raw = parse_object(head).map_err(|e| {
-        ProtocolError::new(
-            "bad_frame",
-            format!("binary frame header is not a valid JSON object: {e}"),
-        )
-    })?;
+    let raw = parse_object(head).map_err(|e| e.into_error("bad_frame", "binary frame header"))?;
     if raw.data.is_some() {
         return Err(ProtocolError::new(
             "bad_frame",
@@ -301,11 +296,62 @@ pub fn split_binary(frame: &[u8]) -> Result<(&str, usize), ProtocolError> {
 
 /// Parses a request object. serde would also accept a JSON array for a struct; the protocol
 /// does not.
-fn parse_object(text: &str) -> Result<RawRequest<'_>, String> {
+fn parse_object(text: &str) -> Result<RawRequest<'_>, Unparsed> {
     if !text.trim_start().starts_with('{') {
-        return Err("expected `{` at the start".into());
+        return Err(Unparsed {
+            id: None,
+            message: "is not a valid JSON object: expected `{` at the start".into(),
+        });
     }
-    serde_json::from_str(text).map_err(|e| e.to_string())
+    serde_json::from_str(text).map_err(|e| Unparsed::explain(text, e))
+}
+
+/// Why a request did not parse, with its `id` when it has a usable one: a client waiting for
+/// the answer to request 7 must hear that request 7 failed, even when another field of it was
+/// of the wrong type.
+struct Unparsed {
+    id: Option<RequestId>,
+    message: String,
+}
+
+impl Unparsed {
+    /// Not on the hot path: only a request that failed to parse is read again, to find its
+    /// `id` and the first field whose value has the wrong type.
+    fn explain(text: &str, e: serde_json::Error) -> Self {
+        #[derive(Deserialize)]
+        struct IdOnly {
+            #[serde(default)]
+            id: Option<RequestId>,
+        }
+        let id = serde_json::from_str::<IdOnly>(text)
+            .ok()
+            .and_then(|o| o.id)
+            .filter(|v| v.is_number() || v.is_string());
+        let fields = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text);
+        let Ok(fields) = fields else {
+            return Unparsed {
+                id,
+                message: format!("is not a valid JSON object: {e}"),
+            };
+        };
+        let wrong = fields.into_iter().find_map(|(field, value)| {
+            let alone = serde_json::Value::Object([(field.clone(), value)].into_iter().collect());
+            let alone = alone.to_string();
+            let e = serde_json::from_str::<RawRequest>(&alone).err()?;
+            // The position is in the field alone, not in the request: leave it out.
+            let why = e.to_string();
+            let why = why.split(" at line ").next().unwrap_or(&why).to_owned();
+            Some(format!("has a wrong `{field}`: {why}"))
+        });
+        Unparsed {
+            id,
+            message: wrong.unwrap_or_else(|| format!("is not a valid request: {e}")),
+        }
+    }
+
+    fn into_error(self, code: &'static str, what: &str) -> ProtocolError {
+        ProtocolError::new(code, format!("{what} {}", self.message)).with_id(self.id)
+    }
 }
 
 fn into_request(
@@ -343,6 +389,7 @@ fn into_request(
                 topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
                 snapshot: raw.snapshot,
                 since: raw.since,
+                cursor: raw.cursor.map(Cow::into_owned),
                 policy: raw.policy,
                 max_rate: raw.max_rate,
                 window: raw.window,
@@ -552,6 +599,8 @@ pub enum Reply {
         replayed: usize,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         gaps: Vec<Gap>,
+        /// Where this subscription took effect: sent back with `since` when it recovers.
+        cursor: String,
     },
     Unsubscribed {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -602,6 +651,9 @@ pub enum GapReason {
     EpochChanged { epoch: String },
     /// Nothing is held of the topic.
     UnknownTopic,
+    /// Messages `from..=to` are held but were not replayed: the recovery (replay and snapshot)
+    /// was larger than the connection's `max_recovery_bytes`; the newest were sent.
+    RecoveryLimit { from: u64, to: u64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -858,6 +910,55 @@ mod tests {
             .contains("dance"));
     }
 
+    /// A field of the wrong type fails the whole request, but the client waiting for its `id`
+    /// still hears which request failed and which field was wrong.
+    #[test]
+    fn a_field_of_the_wrong_type_keeps_the_id_and_names_the_field() {
+        let cases = [
+            (r#"{"op":"sub","id":1,"topic":5}"#, "topic"),
+            (
+                r#"{"op":"pub","id":"p","topic":"a","data":{"x":1}}"#,
+                "data",
+            ),
+            (
+                r#"{"op":"sub","id":2,"topic":"a","snapshot":"yes"}"#,
+                "snapshot",
+            ),
+            (
+                r#"{"op":"sub","id":3,"topic":"a","window":"ten"}"#,
+                "window",
+            ),
+            (
+                r#"{"op":"sub","id":4,"topic":"a","policy":"fastest"}"#,
+                "policy",
+            ),
+            (r#"{"op":"sub","id":5,"topic":"a","since":[1]}"#, "since"),
+            (r#"{"op":"sub","id":6,"topic":"a","cursor":7}"#, "cursor"),
+        ];
+        for (input, field) in cases {
+            let err = decode_text(input).unwrap_err();
+            let id: Value = serde_json::from_str::<Value>(input).unwrap()["id"].clone();
+            assert_eq!(
+                (err.code, err.id.clone()),
+                ("bad_json", Some(id)),
+                "{input}"
+            );
+            assert!(
+                err.message.contains(&format!("`{field}`")),
+                "{input}: {err}"
+            );
+        }
+        // The same for a binary frame's header.
+        let head = br#"{"op":"pub","id":9,"topic":5}"#;
+        let mut frame = (head.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(head);
+        let err = decode_binary(Bytes::from(frame)).unwrap_err();
+        assert_eq!((err.code, err.id), ("bad_frame", Some(json!(9))));
+        // An `id` that is itself of the wrong type is not echoed.
+        let err = decode_text(r#"{"op":"sub","id":[1],"topic":5}"#).unwrap_err();
+        assert_eq!((err.code, err.id), ("bad_json", None));
+    }
+
     #[test]
     fn binary_publish_round_trip_is_zero_copy() {
         let head = br#"{"op":"pub","topic":"cam/1","ct":"image/fits","id":9}"#;
@@ -998,7 +1099,12 @@ mod tests {
                     topic: "a/c".into(),
                     reason: GapReason::EpochChanged { epoch: "z".into() },
                 },
+                Gap {
+                    topic: "a/d".into(),
+                    reason: GapReason::RecoveryLimit { from: 1, to: 4 },
+                },
             ],
+            cursor: "0a1b2c3d.17".into(),
         };
         let (_, body) = unframe(&encode_reply(&r));
         let v: Value = serde_json::from_slice(&body).unwrap();
@@ -1006,7 +1112,9 @@ mod tests {
             v,
             json!({"op":"subscribed","id":1,"topic":"a/>","recovered":false,"replayed":2,"gaps":[
                 {"topic":"a/b","reason":"history_trimmed","from":3,"to":9},
-                {"topic":"a/c","reason":"epoch_changed","epoch":"z"}]})
+                {"topic":"a/c","reason":"epoch_changed","epoch":"z"},
+                {"topic":"a/d","reason":"recovery_limit","from":1,"to":4}],
+                "cursor":"0a1b2c3d.17"})
         );
         let (_, body) = unframe(&encode_dropped("a/\"é\"", 3, "drop"));
         assert_eq!(

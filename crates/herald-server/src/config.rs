@@ -22,6 +22,9 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Most bytes queued for one connection before it is disconnected as a slow consumer.
     pub max_outbound_bytes: usize,
+    /// Most bytes of replayed history and snapshot values queued for one connection; a larger
+    /// recovery sends its newest messages and reports the rest as a `recovery_limit` gap.
+    pub max_recovery_bytes: usize,
     pub max_subscriptions_per_connection: usize,
     /// WebSocket connections accepted at once; more are refused with 503.
     pub max_connections: usize,
@@ -57,6 +60,7 @@ impl Default for Config {
             listen: ([127, 0, 0, 1], 8080).into(),
             max_message_bytes: engine.max_message_bytes,
             max_outbound_bytes: 16 << 20,
+            max_recovery_bytes: 256 << 20,
             max_subscriptions_per_connection: engine.max_subscriptions_per_connection,
             max_connections: 10_000,
             shutdown_grace_secs: 5,
@@ -78,6 +82,7 @@ const ENV_KEYS: &[&str] = &[
     "listen",
     "max_message_bytes",
     "max_outbound_bytes",
+    "max_recovery_bytes",
     "max_subscriptions_per_connection",
     "max_connections",
     "shutdown_grace_secs",

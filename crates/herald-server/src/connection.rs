@@ -40,6 +40,9 @@ pub struct Connection {
     /// Why the connection is closing, once it is.
     closing: Mutex<Option<Disconnect>>,
     max_outbound_bytes: usize,
+    /// Most bytes of replayed and snapshot messages queued at once (see
+    /// [`Outbox::recovery_room`]).
+    max_recovery_bytes: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -84,31 +87,63 @@ impl Outbox for Connection {
     fn prefetch(&self) {
         prefetch(self, std::mem::size_of::<Self>());
     }
+
+    fn send_recovered(&self, frame: &Frame) {
+        let pushed = self.out.lock().queue.push_recovered(frame.clone());
+        self.after_push(pushed, None);
+    }
+
+    fn recovery_room(&self) -> usize {
+        let queued = self.out.lock().queue.recovered_bytes();
+        self.max_recovery_bytes.saturating_sub(queued)
+    }
+}
+
+/// What a connection may queue: the live backlog before its slow-consumer policy acts, and
+/// replayed and snapshot messages, bounded apart (a recovery may be larger than the backlog a
+/// healthy subscriber is allowed).
+#[derive(Clone, Copy, Debug)]
+pub struct QueueLimits {
+    pub outbound: usize,
+    pub recovery: usize,
+}
+
+impl QueueLimits {
+    pub fn of(config: &crate::Config) -> Self {
+        QueueLimits {
+            outbound: config.max_outbound_bytes,
+            recovery: config.max_recovery_bytes,
+        }
+    }
+
+    /// The same bound on both (tests).
+    pub fn both(bytes: usize) -> Self {
+        QueueLimits {
+            outbound: bytes,
+            recovery: bytes,
+        }
+    }
 }
 
 impl Connection {
     /// A connection whose writer task does all the writing.
-    pub fn new(max_outbound_bytes: usize, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::build(None, max_outbound_bytes, metrics)
+    pub fn new(limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::build(None, limits, metrics)
     }
 
     /// A connection on a plain TCP socket that queueing tasks may also write to directly.
-    pub fn direct(
-        socket: OwnedWriteHalf,
-        max_outbound_bytes: usize,
-        metrics: Arc<Metrics>,
-    ) -> Arc<Self> {
-        Self::build(Some(DirectSocket::new(socket)), max_outbound_bytes, metrics)
+    pub fn direct(socket: OwnedWriteHalf, limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::build(Some(DirectSocket::new(socket)), limits, metrics)
     }
 
     fn build(
         socket: Option<DirectSocket>,
-        max_outbound_bytes: usize,
+        limits: QueueLimits,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Connection {
             out: Mutex::new(Outgoing {
-                queue: OutboundQueue::new(max_outbound_bytes),
+                queue: OutboundQueue::new(limits.outbound),
                 writer: Writer::Nobody,
                 carry: Vec::new(),
             }),
@@ -117,7 +152,8 @@ impl Connection {
             wake: Notify::new(),
             cut: Notify::new(),
             closing: Mutex::new(None),
-            max_outbound_bytes,
+            max_outbound_bytes: limits.outbound,
+            max_recovery_bytes: limits.recovery,
             metrics,
         })
     }
@@ -569,7 +605,7 @@ mod tests {
 
     #[tokio::test]
     async fn writer_sends_queue_then_close_and_stops() {
-        let conn = Connection::new(1 << 20, Arc::new(Metrics::default()));
+        let conn = Connection::new(QueueLimits::both(1 << 20), Arc::new(Metrics::default()));
         conn.send(&Frame {
             head: Bytes::from_static(b"abc"),
             body: Bytes::new(),
@@ -591,7 +627,7 @@ mod tests {
 
     #[tokio::test]
     async fn overflow_closes_as_slow_consumer_without_the_backlog() {
-        let conn = Connection::new(10, Arc::new(Metrics::default()));
+        let conn = Connection::new(QueueLimits::both(10), Arc::new(Metrics::default()));
         for _ in 0..3 {
             conn.send(&Frame {
                 head: Bytes::from_static(b"12345678"),

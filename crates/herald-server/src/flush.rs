@@ -282,6 +282,7 @@ fn several_workers() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connection::QueueLimits;
     use crate::metrics::Metrics;
     use bytes::Bytes;
     use herald_core::engine::Outbox;
@@ -300,7 +301,10 @@ mod tests {
                 let (ours, _) = listener.accept().unwrap();
                 ours.set_nonblocking(true).unwrap();
                 let (_read, write) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
-                (Connection::direct(write, 1 << 20, metrics.clone()), peer)
+                (
+                    Connection::direct(write, QueueLimits::both(1 << 20), metrics.clone()),
+                    peer,
+                )
             })
             .collect()
     }

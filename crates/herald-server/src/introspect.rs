@@ -119,44 +119,64 @@ impl Default for Introspection {
         Introspection {
             started: Instant::now(),
             history: Mutex::new(VecDeque::with_capacity(HISTORY_SAMPLES)),
-            rates: Mutex::new(TopicRates {
-                at: Instant::now(),
-                seqs: HashMap::new(),
-                rates: HashMap::new(),
-            }),
+            rates: Mutex::new(TopicRates::default()),
         }
     }
 }
 
-/// Messages per second per topic, from the change of its sequence number between two samples.
+/// Messages per second per topic, from the change of its sequence number between two looks at
+/// it. Each topic is measured when a listing shows it (a page, not every topic).
+#[derive(Default)]
 struct TopicRates {
-    at: Instant,
-    /// The previous sample: epoch and sequence number per topic.
-    seqs: HashMap<Box<str>, (Box<str>, u64)>,
-    rates: HashMap<Box<str>, f64>,
+    seen: HashMap<Box<str>, Seen>,
 }
+
+/// A topic as last measured.
+struct Seen {
+    at: Instant,
+    epoch: Box<str>,
+    seq: u64,
+    rate: f64,
+}
+
+/// Topics not shown for this long are forgotten once many are remembered.
+const RATE_MEMORY: Duration = Duration::from_secs(60);
 
 impl TopicRates {
     fn sample<'a>(&mut self, topics: impl Iterator<Item = &'a TopicView<'a>>, now: Instant) {
-        let elapsed = now.duration_since(self.at);
-        if elapsed < RATE_INTERVAL {
-            return;
+        if self.seen.len() > 100_000 {
+            self.seen
+                .retain(|_, s| now.duration_since(s.at) < RATE_MEMORY);
         }
-        let secs = elapsed.as_secs_f64();
-        let mut seqs = HashMap::with_capacity(self.seqs.len());
-        self.rates.clear();
         for t in topics {
-            // A topic new since the last sample, or in a new epoch, counted from 0.
-            let before = match self.seqs.get(t.name) {
-                Some((epoch, seq)) if **epoch == *t.epoch => *seq,
-                _ => 0,
+            let Some(seen) = self.seen.get_mut(t.name) else {
+                // First look: no rate until the next.
+                let seen = Seen {
+                    at: now,
+                    epoch: t.epoch.into(),
+                    seq: t.seq,
+                    rate: 0.0,
+                };
+                self.seen.insert(t.name.into(), seen);
+                continue;
             };
-            self.rates
-                .insert(t.name.into(), t.seq.saturating_sub(before) as f64 / secs);
-            seqs.insert(t.name.into(), (t.epoch.into(), t.seq));
+            let elapsed = now.duration_since(seen.at);
+            if elapsed < RATE_INTERVAL {
+                continue;
+            }
+            // In a new epoch, counted from 0.
+            let before = if *seen.epoch == *t.epoch { seen.seq } else { 0 };
+            seen.rate = t.seq.saturating_sub(before) as f64 / elapsed.as_secs_f64();
+            seen.at = now;
+            seen.seq = t.seq;
+            if *seen.epoch != *t.epoch {
+                seen.epoch = t.epoch.into();
+            }
         }
-        self.seqs = seqs;
-        self.at = now;
+    }
+
+    fn rate(&self, topic: &str) -> f64 {
+        self.seen.get(topic).map_or(0.0, |s| s.rate)
     }
 }
 
@@ -238,6 +258,9 @@ struct TopicsQuery {
     /// Only topics starting with this.
     #[serde(default)]
     prefix: String,
+    /// Only topics after this one (by name): the `next` of the previous page.
+    #[serde(default)]
+    after: Option<String>,
     /// At most this many topics (by name); `truncated` says when more exist.
     #[serde(default = "default_limit")]
     limit: usize,
@@ -247,7 +270,11 @@ fn default_limit() -> usize {
     1000
 }
 
-/// `GET /api/topics?prefix=&limit=`.
+/// The most topics one page lists, whatever `limit` asks: a page is built under the engine's
+/// lock.
+const MAX_PAGE: usize = 10_000;
+
+/// `GET /api/topics?prefix=&after=&limit=`: one page of the topics, costing the page.
 async fn topics(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -256,18 +283,19 @@ async fn topics(
     if let Err(refusal) = require_admin(&node, &headers) {
         return refusal;
     }
+    let limit = q.limit.min(MAX_PAGE);
     let engine = node.engine.lock();
+    // One more than the page, to know whether another follows.
     let mut views: Vec<TopicView> = engine
-        .topics()
-        .filter(|t| t.name.starts_with(&q.prefix))
+        .topics_page(&q.prefix, q.after.as_deref(), limit.saturating_add(1))
         .collect();
+    let truncated = views.len() > limit;
+    views.truncate(limit);
+    let total = engine.topic_count_under(&q.prefix);
     let mut rates = node.introspection.rates.lock();
     rates.sample(views.iter(), Instant::now());
-    views.sort_unstable_by_key(|t| t.name);
-    let total = views.len();
     let list: Vec<Value> = views
         .iter()
-        .take(q.limit)
         .map(|t| {
             json!({
                 "topic": t.name,
@@ -275,12 +303,14 @@ async fn topics(
                 "epoch": t.epoch,
                 "subscribers": t.subscribers,
                 "history": t.history,
-                "rate": rates.rates.get(t.name).copied().unwrap_or(0.0),
+                "rate": rates.rate(t.name),
                 "last": t.last().as_ref().map(preview),
             })
         })
         .collect();
-    Json(json!({"total": total, "truncated": total > list.len(), "topics": list})).into_response()
+    let next = truncated.then(|| views.last().map(|t| t.name)).flatten();
+    Json(json!({"total": total, "truncated": truncated, "next": next, "topics": list}))
+        .into_response()
 }
 
 /// A short description of a message frame: its content type, stamp, size, and the start of its

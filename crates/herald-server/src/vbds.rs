@@ -9,7 +9,7 @@
 //! exact semantics (the subscriber is `lossless` with a window of one image, granted again by
 //! each acknowledgement, so publishes wait for it).
 
-use crate::connection::{write_frames, Connection};
+use crate::connection::{write_frames, Connection, QueueLimits};
 use crate::frame_reader::FrameReader;
 use crate::metrics::Disconnect;
 use crate::node::{now_us, Node};
@@ -243,7 +243,7 @@ async fn run_subscriber(
     read: ReadHalf,
     mut write: WriteHalf,
 ) {
-    let conn = Connection::new(node.config.max_outbound_bytes, node.metrics.clone());
+    let conn = Connection::new(QueueLimits::of(&node.config), node.metrics.clone());
     let id = node.engine.lock().connect(conn.clone());
     let pattern = topic(&name);
     let subscribe = WireRequest::Subscribe(Subscribe {

@@ -5,7 +5,7 @@
 //! by [`FrameReader`], outgoing ones are pre-encoded and shared (see `wire`).
 
 use crate::auth::{self, Access, Admit, Deadline, Refused};
-use crate::connection::Connection;
+use crate::connection::{Connection, QueueLimits};
 use crate::flush::Pending;
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::limits::Meter;
@@ -173,7 +173,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 async fn run_session(node: Arc<Node>, read: ReadHalf, write: WriteHalf, token: Option<String>) {
-    let (max, metrics) = (node.config.max_outbound_bytes, node.metrics.clone());
+    let (max, metrics) = (QueueLimits::of(&node.config), node.metrics.clone());
     let (conn, write) = match write {
         WriteHalf::Tcp(socket) => (Connection::direct(socket, max, metrics), None),
         other => (Connection::new(max, metrics), Some(other)),

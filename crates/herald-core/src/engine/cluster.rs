@@ -98,6 +98,7 @@ impl<O: Outbox> Engine<O> {
             return;
         }
         let config = &self.config;
+        let at = self.publish_count;
         let state = self.topics.entry(config, topic_name, Numbering::Origin);
         if state.epoch != epoch {
             if state.seq != 0 || state.last.is_some() {
@@ -120,6 +121,7 @@ impl<O: Outbox> Engine<O> {
                 Stored {
                     seq: m.seq,
                     at_us: m.at_us,
+                    at,
                     frame: wire::encode_message(&meta, p.kind, &p.payload),
                 }
             });
@@ -185,12 +187,8 @@ impl<O: Outbox> Engine<O> {
         };
         let stale: Vec<Arc<str>> = self
             .topics
-            .iter()
-            .filter(|t| {
-                t.foreign
-                    && topic::matches(pattern, &t.name)
-                    && !counts.keys().any(|p| topic::matches(p, &t.name))
-            })
+            .matching(pattern)
+            .filter(|t| t.foreign && !counts.keys().any(|p| topic::matches(p, &t.name)))
             .map(|t| t.name.clone())
             .collect();
         for name in stale {

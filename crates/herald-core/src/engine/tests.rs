@@ -117,7 +117,10 @@ fn subscribe_replies_and_errors_carry_the_id() {
     req(&mut e, a, r#"{"op":"sub","id":"s1","topic":"a/*"}"#, 0).unwrap();
     assert_eq!(
         inbox.take(),
-        [json!({"op":"subscribed","id":"s1","topic":"a/*","recovered":true,"replayed":0})]
+        [
+            json!({"op":"subscribed","id":"s1","topic":"a/*","recovered":true,"replayed":0,
+            "cursor":e.cursor()})
+        ]
     );
     assert_eq!(
         req(&mut e, a, r#"{"op":"sub","id":2,"topic":"a//b"}"#, 0),
@@ -282,7 +285,8 @@ fn recovery_replays_exactly_what_was_missed() {
     let got = inbox_b.take();
     assert_eq!(
         got[0],
-        json!({"op":"subscribed","id":1,"topic":"t","recovered":true,"replayed":3})
+        json!({"op":"subscribed","id":1,"topic":"t","recovered":true,"replayed":3,
+            "cursor":e.cursor()})
     );
     assert_eq!(data(&got), ["8", "9", "10"]);
     // Then live messages follow without a gap.
@@ -331,7 +335,7 @@ fn recovery_reports_trimmed_history_and_changed_epochs() {
         json!({"op":"subscribed","topic":"t/>","recovered":false,"replayed":4,"gaps":[
             {"topic":"t/a","reason":"history_trimmed","from":3,"to":7},
             {"topic":"t/b","reason":"epoch_changed","epoch":epoch_b},
-            {"topic":"t/zz","reason":"unknown_topic"}]})
+            {"topic":"t/zz","reason":"unknown_topic"}],"cursor":e.cursor()})
     );
     assert_eq!(data(&got), ["8", "9", "10", "b1"]);
 }
@@ -496,15 +500,21 @@ fn topics_view_counts_each_subscribing_connection_once() {
     publish(&mut e, "q/fx/x", "2");
     publish(&mut e, "other", "o");
     let mut views: Vec<_> = e
-        .topics()
+        .topics_page("", None, usize::MAX)
         .map(|t| (t.name, t.seq, t.subscribers, t.history))
         .collect();
     views.sort();
     assert_eq!(views, [("other", 1, 0, 1), ("q/fx/x", 2, 2, 2)]);
-    let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
+    let view = e
+        .topics_page("", None, usize::MAX)
+        .find(|t| t.name == "q/fx/x")
+        .unwrap();
     assert_eq!(frame_json(&view.last().unwrap())["data"], "2");
     e.disconnect(b);
-    let view = e.topics().find(|t| t.name == "q/fx/x").unwrap();
+    let view = e
+        .topics_page("", None, usize::MAX)
+        .find(|t| t.name == "q/fx/x")
+        .unwrap();
     assert_eq!(view.subscribers, 1);
 }
 
@@ -816,7 +826,10 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
         bytes
     };
     assert_eq!(sorted(got), sorted(sent.frames()));
-    let view = idle.topics().find(|t| t.name == "t/typed").unwrap();
+    let view = idle
+        .topics_page("", None, usize::MAX)
+        .find(|t| t.name == "t/typed")
+        .unwrap();
     assert_eq!(frame_json(&view.last().unwrap())["ct"], "text/csv");
 }
 
@@ -854,4 +867,244 @@ fn a_last_value_kept_unencoded_holds_no_part_of_the_read() {
             );
         }
     }
+}
+
+/// The `subscribed` reply's cursor.
+fn cursor_of(reply: &Value) -> String {
+    reply["cursor"].as_str().expect("a cursor").to_owned()
+}
+
+fn seqs_of(msgs: &[Value], topic: &str) -> Vec<u64> {
+    msgs.iter()
+        .filter(|m| m["op"] == "msg" && m["topic"] == topic)
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect()
+}
+
+/// A wildcard subscription that recovers names the topics it saw; a topic that first appeared
+/// under the pattern while it was away (and a quiet one published again) is replayed from its
+/// cursor, and the reply says recovered only when nothing is missing.
+#[test]
+fn a_wildcard_recovers_topics_it_never_saw() {
+    let mut e = engine();
+    publish(&mut e, "w/quiet", "q1");
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"w/>"}"#, 0).unwrap();
+    let cursor = cursor_of(&inbox.take()[0]);
+    publish(&mut e, "w/a", "a1");
+    let epoch_a = inbox.take()[0]["epoch"].as_str().unwrap().to_owned();
+    e.disconnect(a);
+    // While it is away: a new topic, and the quiet one again.
+    publish(&mut e, "w/b", "b1");
+    publish(&mut e, "w/b", "b2");
+    publish(&mut e, "w/quiet", "q2");
+    publish(&mut e, "w/a", "a2");
+    let (b, inbox) = client(&mut e);
+    let since = format!(
+        r#"{{"op":"sub","topic":"w/>","cursor":"{cursor}","since":{{"w/a":{{"seq":1,"epoch":"{epoch_a}"}}}}}}"#
+    );
+    req(&mut e, b, &since, 0).unwrap();
+    let got = inbox.take();
+    assert_eq!(got[0]["recovered"], true, "{}", got[0]);
+    assert_eq!(got[0]["replayed"], 4);
+    assert_eq!(data(&got), ["a2", "b1", "b2", "q2"]);
+    // The cursor of another run (or none) is the beginning: everything held is replayed.
+    let (c, inbox) = client(&mut e);
+    let since = format!(
+        r#"{{"op":"sub","topic":"w/>","cursor":"0.5","since":{{"w/a":{{"seq":2,"epoch":"{epoch_a}"}}}}}}"#
+    );
+    req(&mut e, c, &since, 0).unwrap();
+    let got = inbox.take();
+    assert_eq!(got[0]["recovered"], true);
+    assert_eq!(data(&got), ["b1", "b2", "q1", "q2"]);
+}
+
+/// What came after the cursor and is no longer held is a gap, never a silence.
+#[test]
+fn a_wildcard_reports_what_its_cursor_cannot_cover() {
+    let config = EngineConfig {
+        history: vec![HistoryRule {
+            pattern: ">".into(),
+            max_messages: 4,
+            ..HistoryRule::default()
+        }],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"w/>"}"#, 0).unwrap();
+    let cursor = cursor_of(&inbox.take()[0]);
+    e.disconnect(a);
+    for i in 1..=10 {
+        publish(&mut e, "w/new", &i.to_string());
+    }
+    let (b, inbox) = client(&mut e);
+    let request = format!(r#"{{"op":"sub","topic":"w/>","cursor":"{cursor}","since":{{}}}}"#);
+    req(&mut e, b, &request, 0).unwrap();
+    let got = inbox.take();
+    assert_eq!(got[0]["recovered"], false);
+    assert_eq!(
+        got[0]["gaps"],
+        json!([{"topic":"w/new","reason":"history_trimmed","from":1,"to":6}])
+    );
+    assert_eq!(seqs_of(&got, "w/new"), [7, 8, 9, 10]);
+}
+
+/// With a snapshot too, a topic with nothing after the cursor gets its last value; one with
+/// news gets the news, not a snapshot that would skip some of it.
+#[test]
+fn snapshot_and_cursor_together() {
+    let mut e = engine();
+    publish(&mut e, "s/old", "o1");
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":"s/>"}"#, 0).unwrap();
+    let cursor = cursor_of(&inbox.take()[0]);
+    e.disconnect(a);
+    publish(&mut e, "s/new", "n1");
+    publish(&mut e, "s/new", "n2");
+    let (b, inbox) = client(&mut e);
+    let request = format!(r#"{{"op":"sub","topic":"s/>","snapshot":true,"cursor":"{cursor}"}}"#);
+    req(&mut e, b, &request, 0).unwrap();
+    let got = inbox.take();
+    assert_eq!(got[0]["recovered"], true);
+    assert_eq!(data(&got), ["n1", "n2", "o1"]);
+}
+
+/// `seq` at the largest number there is has nothing after it: no wrapped `seq + 1`, no bogus
+/// gap.
+#[test]
+fn since_at_the_largest_seq_is_recovered_without_a_gap() {
+    let mut e = engine();
+    publish(&mut e, "t", "1");
+    let epoch = e.epoch_of("t").unwrap().to_owned();
+    let (a, inbox) = client(&mut e);
+    let request = format!(
+        r#"{{"op":"sub","topic":"t","since":{{"t":{{"seq":18446744073709551615,"epoch":"{epoch}"}}}}}}"#
+    );
+    req(&mut e, a, &request, 0).unwrap();
+    let got = inbox.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0]["recovered"].clone(), got[0].get("gaps")),
+        (json!(true), None)
+    );
+}
+
+/// An outbox that may queue at most `room` bytes of recovery.
+#[derive(Clone)]
+struct Limited {
+    inbox: Inbox,
+    room: usize,
+}
+
+impl Outbox for Limited {
+    fn send(&self, frame: &Frame) {
+        self.inbox.send(frame)
+    }
+    fn recovery_room(&self) -> usize {
+        self.room
+    }
+}
+
+/// A recovery larger than the connection may queue sends its newest messages and reports the
+/// oldest as `recovery_limit` gaps, topic by topic.
+#[test]
+fn a_recovery_larger_than_its_room_sends_the_newest_and_says_what_it_left_out() {
+    let mut e: Engine<Limited> = Engine::new(EngineConfig::default(), 1);
+    let payload = "x".repeat(1000);
+    for round in 0..3 {
+        for cam in 0..4 {
+            e.publish(
+                &text(&format!("cam/{cam}"), &format!("{round}{payload}")),
+                0,
+            )
+            .unwrap();
+        }
+    }
+    let frame_len = e
+        .topics_page("cam/0", None, 1)
+        .next()
+        .unwrap()
+        .last()
+        .unwrap()
+        .len();
+    let inbox = Inbox::default();
+    let a = e.connect(Limited {
+        inbox: inbox.clone(),
+        room: frame_len * 6,
+    });
+    // The snapshot (4 values) fits; a recovery of all 12 messages does not.
+    e.handle(
+        a,
+        decode_text(r#"{"op":"sub","topic":"cam/>","snapshot":true}"#).unwrap(),
+        0,
+    )
+    .unwrap();
+    let got = inbox.take();
+    assert_eq!((got[0]["recovered"].clone(), got.len()), (json!(true), 5));
+    e.handle(
+        a,
+        decode_text(r#"{"op":"sub","topic":"cam/>","cursor":"x"}"#).unwrap(),
+        0,
+    )
+    .unwrap();
+    let got = inbox.take();
+    assert_eq!(got[0]["recovered"], false);
+    assert_eq!(got[0]["replayed"], 6);
+    // Published round by round, so the oldest six are rounds 0 and 1 of cam/0..3 minus the
+    // newest two of round 1.
+    assert_eq!(
+        got[0]["gaps"],
+        json!([
+            {"topic":"cam/0","reason":"recovery_limit","from":1,"to":2},
+            {"topic":"cam/1","reason":"recovery_limit","from":1,"to":2},
+            {"topic":"cam/2","reason":"recovery_limit","from":1,"to":1},
+            {"topic":"cam/3","reason":"recovery_limit","from":1,"to":1}])
+    );
+    assert_eq!(seqs_of(&got, "cam/0"), [3]);
+    assert_eq!(seqs_of(&got, "cam/2"), [2, 3]);
+}
+
+/// Finding a pattern's topics walks the names under its literal prefix, and finds exactly what
+/// matching every topic would.
+#[test]
+fn a_patterns_topics_are_found_by_its_prefix() {
+    let mut e = engine();
+    let names = [
+        "a", "a/b", "a/b/c", "a/bb", "a/b/c/d", "ab/c", "b/a", "a/x/c", "a/b/>x", "z",
+    ];
+    for n in names {
+        publish(&mut e, n, "v");
+    }
+    for pattern in [
+        "a/>",
+        "a/*",
+        "a/*/c",
+        "*/a",
+        ">",
+        "a/b",
+        "a/b/>",
+        "*",
+        "nothing/>",
+    ] {
+        let found: Vec<String> = e
+            .topics
+            .matching(pattern)
+            .map(|t| t.name.to_string())
+            .collect();
+        let mut expected: Vec<String> = names
+            .iter()
+            .filter(|n| topic::matches(pattern, n))
+            .map(|n| n.to_string())
+            .collect();
+        expected.sort();
+        assert_eq!(found, expected, "{pattern}");
+    }
+    let page: Vec<&str> = e
+        .topics_page("a/", Some("a/b/c"), 2)
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(page, ["a/b/c/d", "a/bb"]);
+    assert_eq!(e.topic_count_under("a/"), 6);
+    assert_eq!(e.topic_count_under(""), names.len());
 }

@@ -12,13 +12,17 @@ use crate::topic;
 use crate::wire::{self, client_frames, Frame, MessageHead, MessageMeta, PayloadKind, Publish};
 use bytes::Bytes;
 use compact_str::CompactString;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::hash::BuildHasher;
+use std::ops::Bound;
 use std::sync::Arc;
 
 pub(super) struct Stored {
     pub seq: u64,
     pub at_us: u64,
+    /// The engine's publish count when it was recorded: its place against a subscription's
+    /// cursor.
+    pub at: u64,
     pub frame: Frame,
 }
 
@@ -113,6 +117,11 @@ pub(super) struct TopicState {
     pub foreign: bool,
     /// The publish count when the last message from another node was recorded.
     pub remote_at: u64,
+    /// The publish count of the newest message (0 before the first).
+    pub last_at: u64,
+    /// The publish count of the newest message that `history` no longer holds (or never
+    /// held): a recovery from a cursor older than this cannot be answered in full.
+    pub dropped_at: u64,
     /// Where the bytes of the oldest message in `history` start, noted when it became the
     /// oldest (0 when there is none): only ever prefetched, never read (see
     /// [`TopicState::prefetch_oldest`]).
@@ -124,6 +133,7 @@ impl TopicState {
     pub fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
         // The last message keeps the numbering it was published under.
         self.last = self.last_frame().map(Last::Frame);
+        self.dropped_at = self.last_at;
         self.head = MessageHead::new(&self.name, &epoch);
         self.epoch = epoch;
         self.seq = seq;
@@ -180,6 +190,7 @@ impl TopicState {
             if now_us.saturating_sub(oldest.at_us) <= max_age_us {
                 break;
             }
+            self.dropped_at = self.dropped_at.max(oldest.at);
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
@@ -188,7 +199,9 @@ impl TopicState {
 
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
         self.last = Some(Last::Frame(stored.frame.clone()));
+        self.last_at = self.last_at.max(stored.at);
         let Some(rule) = rule.filter(|r| r.keeps_messages()) else {
+            self.dropped_at = self.last_at;
             return;
         };
         // The oldest go before the newest is added: it then takes the slot just freed, which
@@ -200,6 +213,7 @@ impl TopicState {
             {
                 break;
             }
+            self.dropped_at = self.dropped_at.max(oldest.at);
             self.history_bytes -= oldest.frame.len();
             self.history.pop_front();
         }
@@ -231,9 +245,14 @@ const _: () = assert!(std::mem::size_of::<TopicState>() <= 320);
 /// Topic states by name, and what gives each new numbering its epoch.
 pub(super) struct Topics {
     map: TopicMap,
+    /// Every topic's name in order, so that a pattern's topics are found by walking the names
+    /// under its literal prefix rather than every topic (snapshots, recovery, listing).
+    names: BTreeSet<Arc<str>>,
     hasher: foldhash::fast::RandomState,
     /// Makes epochs differ between runs (the server passes a random number; tests a fixed one).
     epoch_seed: u64,
+    /// Names this engine among others (and its earlier runs) in a subscription cursor.
+    instance: String,
     /// Epochs handed out so far.
     epochs: u64,
 }
@@ -242,8 +261,10 @@ impl Topics {
     pub fn new(epoch_seed: u64) -> Self {
         Topics {
             map: TopicMap::new(),
+            names: BTreeSet::new(),
             hasher: foldhash::fast::RandomState::default(),
             epoch_seed,
+            instance: format!("{:08x}", splitmix64(!epoch_seed) >> 32),
             epochs: 0,
         }
     }
@@ -258,9 +279,11 @@ impl Topics {
     ) -> &mut TopicState {
         let Topics {
             map,
+            names,
             hasher,
             epoch_seed,
             epochs,
+            ..
         } = self;
         let mut next_epoch = || {
             *epochs += 1;
@@ -286,8 +309,11 @@ impl Topics {
                 last: None,
                 foreign: false,
                 remote_at: 0,
+                last_at: 0,
+                dropped_at: 0,
                 oldest_bytes: 0,
             };
+            names.insert(state.name.clone());
             Box::new(state)
         });
         let state = state.into_mut();
@@ -311,11 +337,53 @@ impl Topics {
         let (hash, named) = probe(&self.hasher, name);
         if let Ok(found) = self.map.find_entry(hash, named) {
             found.remove();
+            self.names.remove(name);
         }
+    }
+
+    /// The topics `pattern` matches, in name order. Costs what it finds plus the topics that
+    /// share the pattern's literal prefix (the levels before its first wildcard): `a/b/>`
+    /// walks only `a/b/…`; a pattern that starts with a wildcard walks every topic.
+    pub fn matching<'a>(&'a self, pattern: &'a str) -> impl Iterator<Item = &'a TopicState> + 'a {
+        let exact = (!topic::is_pattern(pattern))
+            .then(|| self.get(pattern))
+            .flatten();
+        let prefix = literal_prefix(pattern);
+        let walked = topic::is_pattern(pattern).then(|| {
+            self.names
+                .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+                .take_while(move |name| name.starts_with(prefix))
+                .filter(move |name| topic::matches(pattern, name))
+                .filter_map(|name| self.get(name))
+        });
+        exact.into_iter().chain(walked.into_iter().flatten())
+    }
+
+    /// Names after `after` (all, when `None`) that start with `prefix`, in order, at most
+    /// `limit`: a page of the topic list.
+    pub fn page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> impl Iterator<Item = &'a TopicState> + 'a {
+        let from = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
+        self.names
+            .range::<str, _>((from, Bound::Unbounded))
+            .take_while(move |name| name.starts_with(prefix))
+            .filter_map(|name| self.get(name))
+            .take(limit)
     }
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &TopicState> {
@@ -329,6 +397,19 @@ fn probe<'a>(
     name: &'a str,
 ) -> (u64, impl Fn(&Box<TopicState>) -> bool + 'a) {
     (hasher.hash_one(name), move |s| s.key == name)
+}
+
+/// The levels of `pattern` before its first wildcard, each followed by `/` (empty when it
+/// starts with one): every topic the pattern matches starts with it.
+fn literal_prefix(pattern: &str) -> &str {
+    let mut end = 0;
+    for level in pattern.split('/') {
+        if level == "*" || level == ">" {
+            return &pattern[..end];
+        }
+        end += level.len() + 1;
+    }
+    pattern
 }
 
 /// The epoch of the `n`th numbering an engine started.
@@ -357,6 +438,7 @@ mod tests {
             Stored {
                 seq,
                 at_us: seq,
+                at: seq,
                 frame,
             },
         );

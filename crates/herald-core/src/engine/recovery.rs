@@ -1,0 +1,223 @@
+//! Recovery: what a subscription is sent before its live messages, and what it is told it
+//! cannot be sent.
+//!
+//! - `since` names the last position the client saw of some topics: herald replays what it
+//!   holds after each.
+//! - The subscription's cursor (where its first reply took effect) covers every other topic the
+//!   pattern matches: what was published after it was never seen by the client (it would
+//!   otherwise name the topic in `since`), so it is replayed too. A topic that first appeared
+//!   under a wildcard while the client was away is recovered like the others.
+//! - `snapshot` adds the last value of each remaining topic.
+//!
+//! Whatever cannot be sent is a gap in the reply, never a silence: history that is no longer
+//! held, an epoch that changed, and the part of a recovery larger than the connection may queue
+//! (`Outbox::recovery_room`): the oldest messages are left out first.
+
+use super::{Engine, Outbox};
+use crate::topic;
+use crate::wire::{Frame, Gap, GapReason, Subscribe};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What a recovery sends (in order) and what it cannot.
+pub(super) struct Recovery {
+    pub frames: Vec<Frame>,
+    pub gaps: Vec<Gap>,
+}
+
+/// One message a recovery would send.
+struct Item {
+    /// Publish count when it was recorded: the oldest are left out first.
+    at: u64,
+    /// Index into the recovery's topic names.
+    topic: usize,
+    seq: u64,
+    frame: Frame,
+}
+
+/// Collects the messages and gaps of one recovery, topic by topic.
+#[derive(Default)]
+struct Plan {
+    names: Vec<Arc<str>>,
+    items: Vec<Item>,
+    gaps: Vec<Gap>,
+}
+
+impl Plan {
+    fn topic(&mut self, name: &Arc<str>) -> usize {
+        self.names.push(name.clone());
+        self.names.len() - 1
+    }
+
+    fn gap(&mut self, name: &str, reason: GapReason) {
+        self.gaps.push(Gap {
+            topic: name.to_owned(),
+            reason,
+        });
+    }
+
+    /// Leaves out the oldest messages until the rest fit in `room` bytes, each topic's left-out
+    /// run reported as a `recovery_limit` gap.
+    fn fit(mut self, room: usize) -> Recovery {
+        let total: usize = self.items.iter().map(|i| i.frame.len()).sum();
+        if total > room {
+            let mut by_age: Vec<usize> = (0..self.items.len()).collect();
+            by_age.sort_by_key(|&i| self.items[i].at);
+            let mut left = total;
+            let mut out = vec![false; self.items.len()];
+            for i in by_age {
+                if left <= room {
+                    break;
+                }
+                out[i] = true;
+                left -= self.items[i].frame.len();
+            }
+            let mut runs: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+            for (item, _) in self.items.iter().zip(&out).filter(|(_, out)| **out) {
+                let run = runs.entry(item.topic).or_insert((item.seq, item.seq));
+                run.0 = run.0.min(item.seq);
+                run.1 = run.1.max(item.seq);
+            }
+            for (t, (from, to)) in runs {
+                let name = self.names[t].clone();
+                self.gap(&name, GapReason::RecoveryLimit { from, to });
+            }
+            let mut out = out.into_iter();
+            self.items
+                .retain(|_| !out.next().expect("one flag per item"));
+        }
+        Recovery {
+            frames: self.items.into_iter().map(|i| i.frame).collect(),
+            gaps: self.gaps,
+        }
+    }
+}
+
+impl<O: Outbox> Engine<O> {
+    /// Where a subscription made now takes effect: everything published after it reaches the
+    /// subscription live. Opaque to clients: this engine's instance and its publish count.
+    pub fn cursor(&self) -> String {
+        format!("{}.{}", self.topics.instance(), self.publish_count)
+    }
+
+    /// The publish count a cursor names. A cursor of another instance (herald restarted, or
+    /// another node), or one that does not parse, names the beginning: everything held is
+    /// after it, so a recovery from it may repeat but never hides a loss.
+    fn cursor_position(&self, cursor: Option<&str>) -> u64 {
+        cursor
+            .and_then(|c| c.split_once('.'))
+            .filter(|(instance, _)| *instance == self.topics.instance())
+            .and_then(|(_, count)| count.parse::<u64>().ok())
+            .filter(|&count| count <= self.publish_count)
+            .unwrap_or(0)
+    }
+
+    /// What subscription `s` is sent before its live messages, at most `room` bytes of it.
+    pub(super) fn recover(&mut self, s: &Subscribe, now_us: u64, room: usize) -> Recovery {
+        let recovering = s.cursor.is_some() || !s.since.is_empty();
+        let cursor = self.cursor_position(s.cursor.as_deref());
+        let mut plan = Plan::default();
+
+        let mut since: Vec<_> = s.since.iter().collect();
+        since.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, pos) in since {
+            let Some(state) = self.topics.get_mut(name.as_str()) else {
+                plan.gap(name, GapReason::UnknownTopic);
+                continue;
+            };
+            if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
+                state.trim_by_age(rule, now_us);
+            }
+            let t = plan.topic(&state.name);
+            let replay = |plan: &mut Plan, from_seq: u64| {
+                let held = state.history.iter().filter(|m| m.seq >= from_seq);
+                plan.items.extend(held.map(|m| Item {
+                    at: m.at,
+                    topic: t,
+                    seq: m.seq,
+                    frame: m.frame.clone(),
+                }));
+            };
+            if state.epoch != pos.epoch {
+                plan.gap(
+                    name,
+                    GapReason::EpochChanged {
+                        epoch: state.epoch.clone(),
+                    },
+                );
+                replay(&mut plan, 0);
+                continue;
+            }
+            // A position at or past the topic's last message has nothing after it (a `seq` of
+            // u64::MAX included: no `seq + 1` to wrap).
+            if pos.seq >= state.seq {
+                continue;
+            }
+            let next = pos.seq + 1;
+            let oldest = state.history.front().map_or(state.seq + 1, |m| m.seq);
+            if oldest > next {
+                plan.gap(
+                    name,
+                    GapReason::HistoryTrimmed {
+                        from: next,
+                        to: oldest - 1,
+                    },
+                );
+            }
+            replay(&mut plan, next);
+        }
+
+        if recovering || s.snapshot {
+            let others: Vec<Arc<str>> = self
+                .topics
+                .matching(&s.topic)
+                .filter(|t| !s.since.contains_key(&*t.name))
+                .map(|t| t.name.clone())
+                .collect();
+            for name in others {
+                let Some(state) = self.topics.get_mut(&name) else {
+                    continue;
+                };
+                if recovering && state.last_at > cursor {
+                    if let Some(rule) = state.rule.map(|i| &self.config.history[i]) {
+                        state.trim_by_age(rule, now_us);
+                    }
+                    let t = plan.topic(&name);
+                    if state.dropped_at > cursor {
+                        // Some of what came after the cursor is gone. Which of the messages
+                        // before the oldest held one followed the cursor is not known: the gap
+                        // runs from the first, none of which the client saw.
+                        let to = state.history.front().map_or(state.seq, |m| m.seq - 1);
+                        let reason = if to >= 1 {
+                            GapReason::HistoryTrimmed { from: 1, to }
+                        } else {
+                            GapReason::EpochChanged {
+                                epoch: state.epoch.clone(),
+                            }
+                        };
+                        plan.gap(&name, reason);
+                    }
+                    let held = state.history.iter().filter(|m| m.at > cursor);
+                    plan.items.extend(held.map(|m| Item {
+                        at: m.at,
+                        topic: t,
+                        seq: m.seq,
+                        frame: m.frame.clone(),
+                    }));
+                } else if s.snapshot {
+                    if let Some(frame) = state.last_frame() {
+                        let t = plan.topic(&name);
+                        plan.items.push(Item {
+                            at: state.last_at,
+                            topic: t,
+                            seq: state.seq,
+                            frame,
+                        });
+                    }
+                }
+            }
+        }
+        debug_assert!(plan.names.iter().all(|n| topic::matches(&s.topic, n)));
+        plan.fit(room)
+    }
+}
