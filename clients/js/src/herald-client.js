@@ -18,7 +18,9 @@ export { topicMatches };
  *
  * @typedef {object} Gap  What a resubscription could not recover (docs/protocol.md).
  * @property {string} topic
- * @property {"history_trimmed" | "epoch_changed" | "unknown_topic"} reason
+ * @property {"history_trimmed" | "epoch_changed" | "unknown_topic" | "recovery_limit"} reason
+ *   `recovery_limit`: messages `from`..`to` are held but were not replayed, the recovery being
+ *   larger than herald's `max_recovery_bytes` for the connection (the newest were sent).
  * @property {number} [from]
  * @property {number} [to]
  * @property {string} [epoch]
