@@ -5,7 +5,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect, HeraldError, topicMatches, encodeBinaryFrame, decodeBinaryFrame } from "../src/herald-client.js";
-import { Herald, HERALD_BIN, until } from "./herald.js";
+import { Herald, HERALD_BIN, until, freePort } from "./herald.js";
 import { execFile } from "node:child_process";
 import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -27,6 +27,39 @@ function client(t, options = {}, url = herald.ws) {
   const c = connect(url, { minDelayMs: 50, maxDelayMs: 400, ...options });
   t.after(() => c.close());
   return c;
+}
+
+/**
+ * A WebSocket constructor for `connect` that lets a test watch the wire through the public API:
+ * every socket it opened, every frame sent (its JSON, or a binary frame's header), and
+ * listeners for frames sent and received (called before the client handles them).
+ */
+function tap() {
+  /** @type {WebSocket[]} */
+  const sockets = [];
+  /** @type {Record<string, any>[]} */
+  const sent = [];
+  /** @type {((head: Record<string, any>) => void)[]} */
+  const onSend = [];
+  /** @type {((head: Record<string, any>) => void)[]} */
+  const onReceive = [];
+  class Tapped extends WebSocket {
+    constructor(url, protocols) {
+      super(url, protocols);
+      sockets.push(this);
+      this.addEventListener("message", (ev) => {
+        const head = typeof ev.data === "string" ? JSON.parse(ev.data) : decodeBinaryFrame(ev.data)[0];
+        for (const l of onReceive) l(head);
+      });
+    }
+    send(data) {
+      const head = typeof data === "string" ? JSON.parse(data) : decodeBinaryFrame(data.slice().buffer)[0];
+      sent.push(head);
+      for (const l of onSend) l(head);
+      super.send(data);
+    }
+  }
+  return { WebSocket: Tapped, sockets, sent, onSend, onReceive };
 }
 
 test("topic matching follows the protocol's grammar", () => {
@@ -138,15 +171,20 @@ test("snapshot delivers the last value first", async (t) => {
 });
 
 test("herald's errors reject the request that caused them", async (t) => {
-  const c = client(t);
+  const wire = tap();
+  const c = client(t, { WebSocket: wire.WebSocket });
   const errors = [];
   c.on("error", (e) => errors.push(e));
   const bad = c.subscribe("sdk/a//b", () => {});
   await assert.rejects(bad.ready, (e) => e instanceof HeraldError && e.code === "invalid_topic");
   await assert.rejects(c.publish("sdk/*/x", "no"), (e) => e instanceof HeraldError && e.code === "publish_to_pattern");
   await assert.rejects(c.publish("", "no"), (e) => e instanceof HeraldError && e.code === "invalid_topic");
-  assert.equal(c.patterns.size, 0, "a refused pattern is not resubscribed later");
   assert.deepEqual(errors.map((e) => e.code), ["invalid_topic"], "a refused subscription is also reported as an event");
+  const subsBefore = wire.sent.filter((f) => f.op === "sub").length;
+  wire.sockets.at(-1)?.close();
+  await until(() => wire.sockets.length === 2 && c.state === "open", "the reconnect");
+  await c.ping();
+  assert.equal(wire.sent.filter((f) => f.op === "sub").length, subsBefore, "a refused pattern is not resubscribed later");
 });
 
 test("a handler that throws is reported and delivery goes on", async (t) => {
@@ -167,7 +205,8 @@ test("a handler that throws is reported and delivery goes on", async (t) => {
 });
 
 test("a dropped socket reconnects, resubscribes with since, and recovers the gap", async (t) => {
-  const c = client(t);
+  const wire = tap();
+  const c = client(t, { WebSocket: wire.WebSocket });
   const got = [];
   const states = [];
   const resubscribed = [];
@@ -177,7 +216,7 @@ test("a dropped socket reconnects, resubscribes with since, and recovers the gap
   await c.publish("sdk/drop/a", "1");
   await until(() => got.length === 1, "the first message");
   const open = until(() => c.state === "open" && states.includes("reconnecting"), "the reconnect");
-  c.ws?.close(); // the network goes away under the client
+  wire.sockets.at(-1)?.close(); // the network goes away under the client
   await until(() => c.state !== "open", "the client to notice");
   for (let i = 2; i <= 4; i++) await herald.publishHttp("sdk/drop/a", String(i));
   await herald.publishHttp("sdk/drop/b", "new topic");
@@ -189,11 +228,49 @@ test("a dropped socket reconnects, resubscribes with since, and recovers the gap
   const onA = () => got.filter((g) => g.startsWith("sdk/drop/a#"));
   await until(() => onA().length === 4, () => `the replay (got ${got})`);
   assert.deepEqual(onA(), ["sdk/drop/a#1", "sdk/drop/a#2", "sdk/drop/a#3", "sdk/drop/a#4"]);
-  // sdk/drop/b is delivered live if the reconnect beat its publish; otherwise it is not replayed,
-  // as `since` cannot name a topic the client never saw (snapshot would bring it).
+  // sdk/drop/b, a topic the client never saw: the next test.
   await c.publish("sdk/drop/a", "5");
   await until(() => onA().length === 5, "a live message after the reconnect");
 });
+
+for (const snapshot of [false, true]) {
+  test(`a wildcard subscription recovers topics first published while the client was away (snapshot: ${snapshot})`, async (t) => {
+    const prefix = `sdk/w${snapshot ? "s" : ""}`;
+    const wire = tap();
+    // The first retry waits at least 300 ms: both publishes below land while the client is away.
+    const c = client(t, { WebSocket: wire.WebSocket, minDelayMs: 600, maxDelayMs: 600 });
+    const got = [];
+    const resubscribed = [];
+    /** @type {Record<string, any>[]} */
+    const replies = [];
+    c.on("resubscribed", (r) => resubscribed.push(r));
+    wire.onReceive.push((head) => head.op === "subscribed" && replies.push(head));
+    const first = await c.subscribe(`${prefix}/>`, (m) => got.push(`${m.topic.slice(prefix.length + 1)}:${m.data}`), { snapshot }).ready;
+    await c.publish(`${prefix}/a`, "a1");
+    await until(() => got.length === 1, "a1");
+    wire.sockets.at(-1)?.close();
+    await until(() => c.state === "reconnecting", "the client to notice");
+    await herald.publishHttp(`${prefix}/b`, "b1"); // a topic the client has never seen
+    await herald.publishHttp(`${prefix}/b`, "b2");
+    await until(() => resubscribed.length === 1, "the resubscribe report", 5_000);
+    assert.equal(wire.sockets.length, 2);
+    // The resubscribe names what the client saw and carries the cursor of the first reply.
+    const resub = wire.sent.filter((f) => f.op === "sub").at(-1);
+    assert.deepEqual(Object.keys(resub?.since ?? {}), [`${prefix}/a`]);
+    assert.equal(typeof first.cursor, "string", "herald's first reply carries a cursor");
+    assert.equal(resub?.cursor, first.cursor, "the first reply's cursor is sent back");
+    // The client reports herald's verdict as herald gave it...
+    const reply = replies.at(-1);
+    assert.equal(resubscribed[0].recovered, reply?.recovered === true);
+    assert.deepEqual(resubscribed[0].gaps, reply?.gaps ?? []);
+    assert.equal(resubscribed[0].replayed, reply?.replayed ?? 0);
+    // ...and herald, holding both, replays both: nothing is missing, in order, once.
+    assert.equal(resubscribed[0].recovered, true, JSON.stringify(reply));
+    await until(() => got.length === 3, () => `b1 and b2 (got ${got})`);
+    await c.ping();
+    assert.deepEqual(got, ["a:a1", "b:b1", "b:b2"]);
+  });
+}
 
 test("a killed and restarted herald: reconnect with backoff, told exactly what was lost", async (t) => {
   const c = client(t, { minDelayMs: 100, maxDelayMs: 800 });
@@ -227,13 +304,14 @@ test("a killed and restarted herald: reconnect with backoff, told exactly what w
 });
 
 test("requests made while disconnected wait for the connection", async (t) => {
-  const c = client(t);
+  const wire = tap();
+  const c = client(t, { WebSocket: wire.WebSocket });
   const got = [];
   c.subscribe("sdk/early", (m) => got.push(m.data)); // before the socket is open
   const ack = await c.publish("sdk/early", "x");
   assert.equal(ack?.seq, 1);
   await until(() => got.length === 1, "the message");
-  assert.equal(c.patterns.get("sdk/early")?.size, 1, "subscribed once, not twice");
+  assert.deepEqual(wire.sent.filter((f) => f.op === "sub").map((f) => f.topic), ["sdk/early"], "subscribed once, not twice");
 });
 
 test("a malformed URL closes the client with an error instead of retrying", async (t) => {
@@ -286,7 +364,8 @@ async function metric(h, name, label) {
 test("lossless: herald never has more than `window` messages outstanding; credit follows the handler", async (t) => {
   const WINDOW = 4;
   const COUNT = 40;
-  const c = client(t);
+  const wire = tap();
+  const c = client(t, { WebSocket: wire.WebSocket });
   const publisher = client(t);
   const errors = [];
   c.on("error", (e) => errors.push(e));
@@ -301,23 +380,18 @@ test("lossless: herald never has more than `window` messages outstanding; credit
   let maxOutstanding = 0;
   let settled = 0;
   const creditBeyondSettled = [];
-  const receive = c.receive.bind(c);
-  c.receive = (raw) => {
-    const head = typeof raw === "string" ? JSON.parse(raw) : null;
-    if (head?.op === "msg" && head.data !== "snap") {
+  wire.onReceive.push((head) => {
+    if (head.op === "msg" && head.data !== "snap") {
       arrived += 1;
       maxOutstanding = Math.max(maxOutstanding, arrived - credited);
     }
-    receive(raw);
-  };
-  const send = c.send.bind(c);
-  c.send = (body, binary) => {
+  });
+  wire.onSend.push((body) => {
     if (body.op === "credit") {
       credited += body.n;
       if (credited > settled) creditBeyondSettled.push({ credited, settled });
     }
-    send(body, binary);
-  };
+  });
   const got = [];
   let running = 0;
   await c.subscribe("sdk/ll/>", async (m) => {
@@ -349,7 +423,8 @@ test("lossless: herald never has more than `window` messages outstanding; credit
 test("lossless windowBytes: herald never has more payload bytes outstanding than granted; credit grants back what was handled", async (t) => {
   const WINDOW_BYTES = 3000;
   const sizes = Array.from({ length: 24 }, (_, i) => [1000, 700, 300, 1200][i % 4]);
-  const c = client(t);
+  const wire = tap();
+  const c = client(t, { WebSocket: wire.WebSocket });
   const publisher = client(t);
   const errors = [];
   c.on("error", (e) => errors.push(e));
@@ -358,20 +433,15 @@ test("lossless windowBytes: herald never has more payload bytes outstanding than
   let arrived = 0;
   let credited = 0;
   let maxOutstanding = 0;
-  const receive = c.receive.bind(c);
-  c.receive = (raw) => {
-    const head = typeof raw === "string" ? JSON.parse(raw) : null;
-    if (head?.op === "msg") {
+  wire.onReceive.push((head) => {
+    if (head.op === "msg") {
       arrived += new TextEncoder().encode(head.data).length;
       maxOutstanding = Math.max(maxOutstanding, arrived - credited);
     }
-    receive(raw);
-  };
-  const send = c.send.bind(c);
-  c.send = (body, binary) => {
+  });
+  wire.onSend.push((body) => {
     if (body.op === "credit") credited += body.bytes ?? 0;
-    send(body, binary);
-  };
+  });
   const got = [];
   await c.subscribe("sdk/llb/>", async (m) => {
     got.push(m.data);
@@ -463,7 +533,8 @@ test("auth: a token as ?token= or as an auth op; outside its grants is forbidden
   const { herald: h, token } = await heraldWithAuth(t);
   const grant = "sdk/auth/ok/>";
   for (const tokenIn of /** @type {const} */ (["query", "message"])) {
-    const c = client(t, { token: await token(grant, grant), tokenIn }, h.ws);
+    const wire = tap();
+    const c = client(t, { token: await token(grant, grant), tokenIn, WebSocket: wire.WebSocket }, h.ws);
     const errors = [];
     c.on("error", (e) => errors.push(e.code));
     const got = [];
@@ -476,7 +547,12 @@ test("auth: a token as ?token= or as an auth op; outside its grants is forbidden
     await c.ping();
     assert.equal(c.state, "open", "a forbidden request leaves the connection open");
     assert.deepEqual(errors, ["forbidden"], "the refused subscription is also an error event");
-    assert.deepEqual([...c.patterns.keys()], [grant], "the refused pattern is not resubscribed");
+    const sent = wire.sent.length;
+    wire.sockets.at(-1)?.close();
+    await until(() => wire.sockets.length === 2 && c.state === "open", `the reconnect (${tokenIn})`);
+    await c.ping();
+    const resent = wire.sent.slice(sent).filter((f) => f.op === "sub").map((f) => f.topic);
+    assert.deepEqual(resent, [grant], "the refused pattern is not resubscribed");
   }
   for (const tokenIn of /** @type {const} */ (["query", "message"])) {
     const forged = (await token(grant, grant)).slice(0, -4) + "AAAA";
@@ -499,8 +575,10 @@ test("auth: a token refreshed through the callback keeps the connection past the
       const topic = `sdk/auth/refresh/${tokenIn}`;
       const issued = [];
       const tokens = [];
+      const wire = tap();
       const c = client(t, {
         tokenIn,
+        WebSocket: wire.WebSocket,
         token: async () => {
           issued.push(Date.now());
           tokens.push(await token(topic, topic, TTL));
@@ -511,12 +589,11 @@ test("auth: a token refreshed through the callback keeps the connection past the
       c.on("state", (s) => states.push(s));
       const got = [];
       await c.subscribe(topic, (m) => got.push(m.data)).ready;
-      const ws = c.ws;
       const firstExpiry = JSON.parse(Buffer.from(tokens[0].split(".")[1], "base64url").toString()).exp * 1000;
       await sleep(firstExpiry - Date.now() + 1500);
       await c.publish(topic, "still here");
       await until(() => got.length === 1, `a message after the first token expired (${tokenIn})`);
-      assert.equal(c.ws, ws, `the same connection (${tokenIn})`);
+      assert.equal(wire.sockets.length, 1, `the same connection (${tokenIn})`);
       assert.deepEqual(states.map((s) => s.state), ["open"], `never closed (${tokenIn}): ${JSON.stringify(states)}`);
       assert.ok(issued.length >= 2, `refreshed (${tokenIn})`);
       assert.ok(issued[1] < firstExpiry, `refreshed before the first exp (${tokenIn})`);
@@ -539,4 +616,100 @@ test("auth: without a refresh herald closes with 4001 and the client reports it"
   // This client has only the lapsed token: the reconnect is refused for good.
   await until(() => c.state === "closed", "the refused reconnect");
   assert.equal(states.at(-1)?.code, 4003);
+});
+
+test("a publish while herald cannot be reached fails after requestTimeoutMs, with or without ack", async (t) => {
+  const port = await freePort(); // nothing listens there
+  const c = client(t, { requestTimeoutMs: 300 }, `ws://127.0.0.1:${port}/ws`);
+  for (const options of [{}, { ack: /** @type {const} */ (false) }]) {
+    const started = Date.now();
+    await assert.rejects(c.publish("sdk/offline", "x", options), (e) => e instanceof HeraldError && e.code === "timeout" && /not sent/.test(e.message));
+    const took = Date.now() - started;
+    assert.ok(took >= 290 && took < 1500, `rejected after ${took} ms`);
+  }
+  await assert.rejects(c.ping(), (e) => e instanceof HeraldError && e.code === "timeout");
+});
+
+test("an AbortSignal ends a publish or ping that waits for the connection or for herald", async (t) => {
+  const port = await freePort();
+  const offline = client(t, {}, `ws://127.0.0.1:${port}/ws`);
+  const controller = new AbortController();
+  const waiting = offline.publish("sdk/abort", "x", { signal: controller.signal });
+  setTimeout(() => controller.abort("the user went away"), 100);
+  await assert.rejects(waiting, (e) => e instanceof HeraldError && e.code === "aborted" && /the user went away/.test(e.message));
+  await assert.rejects(offline.ping({ signal: AbortSignal.abort() }), (e) => e instanceof HeraldError && e.code === "aborted");
+  // Connected: a publish held by a lossless subscriber without credit is waiting for herald.
+  const h = await heraldWith(t, "lossless_hold_timeout_ms = 5000\n");
+  const consumer = client(t, {}, h.ws);
+  await consumer.subscribe("sdk/abort/held", () => new Promise(() => {}), { policy: "lossless", window: 1 }).ready;
+  const publisher = client(t, {}, h.ws);
+  await publisher.publish("sdk/abort/held", "1");
+  const started = Date.now();
+  await assert.rejects(publisher.publish("sdk/abort/held", "2", { signal: AbortSignal.timeout(200) }), (e) => e.code === "aborted");
+  assert.ok(Date.now() - started < 2000, "aborted long before herald's hold timeout");
+});
+
+test("publish refuses what cannot be sent at once, with the cause, not an error event", async (t) => {
+  const c = client(t);
+  const errors = [];
+  c.on("error", (e) => errors.push(e));
+  await c.whenOpen();
+  const started = Date.now();
+  await assert.rejects(c.publish(123), (e) => e instanceof HeraldError && e.code === "bad_argument" && /topic must be a string/.test(e.message));
+  await assert.rejects(c.publish("sdk/bad", undefined), (e) => e.code === "bad_argument");
+  await assert.rejects(c.publish("sdk/bad", () => 1), (e) => e.code === "bad_argument");
+  await assert.rejects(c.publish("sdk/bad", { n: 1n }), (e) => e.code === "bad_argument" && /JSON/.test(e.message));
+  await assert.rejects(c.publish("sdk/bad", "x", { ct: /** @type {any} */ (5) }), (e) => e.code === "bad_argument");
+  assert.throws(() => c.subscribe(/** @type {any} */ (7), () => {}), (e) => e instanceof HeraldError && e.code === "bad_argument");
+  assert.ok(Date.now() - started < 500, "no timeout involved");
+  await c.ping();
+  assert.deepEqual(errors, []);
+});
+
+test("after close(), subscribe's ready rejects; a subscription waiting for its reply is rejected by close()", async (t) => {
+  const port = await freePort();
+  const c = client(t, {}, `ws://127.0.0.1:${port}/ws`);
+  const waiting = c.subscribe("sdk/closed/a", () => {});
+  c.close();
+  await assert.rejects(waiting.ready, (e) => e instanceof HeraldError && e.code === "closed");
+  const late = c.subscribe("sdk/closed/b", () => {});
+  await assert.rejects(late.ready, (e) => e instanceof HeraldError && e.code === "closed");
+});
+
+test("a URL whose path herald does not serve (HTTP 404) is reported and not retried", async (t) => {
+  const c = client(t, {}, `${herald.ws.replace(/\/ws$/, "")}/not-the-ws-path`);
+  const errors = [];
+  const states = [];
+  c.on("error", (e) => errors.push(e.code));
+  c.on("state", (s) => states.push(s.state));
+  await until(() => c.state === "closed", "the client to give up");
+  assert.deepEqual(errors, ["connect_failed", "not_found"]);
+  await sleep(300);
+  assert.deepEqual(states, ["closed"], "no retry");
+  // A server that is only down is retried, each failure reported.
+  const port = await freePort();
+  const down = client(t, { minDelayMs: 20, maxDelayMs: 20 }, `ws://127.0.0.1:${port}/ws`);
+  const failures = [];
+  down.on("error", (e) => failures.push(e.code));
+  await until(() => failures.length >= 3, "three reported failures");
+  assert.ok(failures.every((f) => f === "connect_failed"), failures.join());
+  assert.notEqual(down.state, "closed");
+});
+
+test("on, once and off", async (t) => {
+  const c = client(t);
+  const seen = { on: 0, once: 0, off: 0, removed: 0 };
+  c.on("state", () => seen.on++);
+  c.once("state", () => seen.once++);
+  const offed = () => seen.off++;
+  c.on("state", offed);
+  c.off("state", offed);
+  const remove = c.on("state", () => seen.removed++);
+  remove();
+  const onceRemoved = () => seen.off++;
+  c.once("state", onceRemoved);
+  c.off("state", onceRemoved);
+  await c.whenOpen();
+  c.close();
+  assert.deepEqual(seen, { on: 2, once: 1, off: 0, removed: 0 });
 });

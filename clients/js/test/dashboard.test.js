@@ -5,10 +5,12 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
 import { promisify } from "node:util";
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { tmpdir } from "node:os";
+import { randomBytes } from "node:crypto";
 import { chromium } from "playwright-core";
-import { Herald, HERALD_BIN, freePort } from "./herald.js";
+import { Herald, HERALD_BIN, freePort, until } from "./herald.js";
 import { writeFits } from "./fits-writer.js";
 import { connect } from "../src/herald-client.js";
 import { CHROMIUM, CHROMIUM_ARGS } from "./browser.js";
@@ -40,9 +42,9 @@ after(async () => {
   await herald?.stop();
 });
 
-/** @param {string} name */
-async function screenshot(name) {
-  if (shots) await page.screenshot({ path: join(shots, `dashboard-${name}.png`) });
+/** @param {string} name @param {import("playwright-core").Page} [p] */
+async function screenshot(name, p = page) {
+  if (shots) await p.screenshot({ path: join(shots, `dashboard-${name}.png`) });
 }
 
 /** @param {string} id */
@@ -58,6 +60,30 @@ test("the overview loads and shows live numbers", { skip }, async () => {
   assert.equal(await text("s-topics"), "4");
   assert.equal(await page.locator("#cluster-panel").isHidden(), true, "a node alone has no cluster panel");
   await screenshot("overview");
+});
+
+test("herald keeps the overview's last five minutes: a page opened later draws them at once", { skip }, async () => {
+  // herald samples once a second from its start; wait until it holds several samples.
+  const history = await until(async () => {
+    const h = await (await fetch(`${herald.http}/api/stats/history`)).json();
+    return h.samples.length >= 6 && h;
+  }, "six samples in /api/stats/history", 10_000);
+  assert.equal(history.interval_secs, 1);
+  const times = history.samples.map((x) => x.now_us);
+  assert.deepEqual(times, [...times].sort((a, b) => a - b), "oldest first");
+  for (const key of ["now_us", "connections", "subscriptions", "topics", "messages_in", "bytes_in", "deliveries", "bytes_out"]) {
+    assert.equal(typeof history.samples[0][key], "number", key);
+  }
+  const later = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  try {
+    const started = Date.now();
+    await later.goto(herald.http + "/#overview");
+    // On its own the page would need a second per point; from herald's history it has them all.
+    await later.waitForFunction(() => Number(document.getElementById("rate-chart")?.dataset.points) >= 5, undefined, { timeout: 1500 });
+    assert.ok(Date.now() - started < 2500);
+  } finally {
+    await later.close();
+  }
 });
 
 const NATS_SERVER = ["/usr/sbin/nats-server", "/usr/bin/nats-server"].find((p) => existsSync(p));
@@ -93,7 +119,9 @@ test("the topic explorer shows the tree with subscribers and last values", { ski
   const cells = await row.locator("td").allInnerTexts();
   assert.match(cells[0], /t3/);
   assert.equal(cells[4], "39", "the last value of demo/sensors/t3");
-  assert.ok(await page.locator("#t-body tr.branch", { hasText: "sensors/" }).count(), "levels are branches");
+  const branch = await page.locator("#t-body tr.branch", { hasText: "sensors/" }).locator("td").allInnerTexts();
+  assert.match(branch[0], /sensors\/ 4 topics/, "a branch says how many topics it holds");
+  assert.equal(branch[3], "", "and has no sequence number");
   await screenshot("topics");
 });
 
@@ -139,9 +167,10 @@ test("the live view stays responsive at 10,000 msg/s and counts what it does not
       clearInterval(w.lagTimer);
       return Math.round(w.lag);
     });
+    // Every message arrives or is announced as dropped (Live's policy is `drop`).
     await page.waitForFunction((n) => {
       const v = (id) => Number(document.getElementById(id)?.textContent?.replace(/,/g, "").replace(/k$/, "e3"));
-      return v("l-received") >= n;
+      return v("l-received") + v("l-dropped") >= n;
     }, sent, { timeout: 10_000 });
     const rows = await page.locator("#l-body tr").count();
     assert.ok(rows <= 100, `at most 100 rows rendered (got ${rows})`);
@@ -231,6 +260,35 @@ test("a JPEG image is drawn directly", { skip }, async () => {
   });
   assert.equal(px.w, 40);
   assert.ok(px.p[0] > 240 && px.p[1] < 20 && px.p[2] < 20, `red: ${px.p}`);
+  assert.equal(await page.locator("#i-header").textContent(), "(not a FITS image: no header)", "not the previous FITS header");
+});
+
+test("the topic explorer's watch opens images in Images and the rest in Live", { skip }, async () => {
+  await page.goto(herald.http + "/#topics");
+  await page.locator("#t-body tr", { hasText: "jpeg" }).locator("a.watch").click();
+  await page.waitForFunction(() => location.hash === "#images");
+  assert.equal(await page.inputValue("#i-topic"), "camera/3/jpeg");
+  await page.waitForFunction(() => Number(document.getElementById("i-drawn")?.textContent) >= 1, undefined, { timeout: 5000 });
+  await page.goto(herald.http + "/#topics");
+  await page.locator("#t-body tr", { hasText: "t3" }).locator("a.watch").click();
+  await page.waitForFunction(() => location.hash === "#live");
+  assert.equal(await page.inputValue("#l-pattern"), "demo/sensors/t3");
+  await page.evaluate(() => (location.hash = "#images"));
+  await page.fill("#i-topic", "camera/>");
+  await page.click("#i-form button[type=submit]");
+});
+
+test("Live refuses to publish invalid JSON as application/json", { skip }, async () => {
+  await page.goto(herald.http + "/#live");
+  await page.selectOption("#p-ct", "application/json");
+  await page.fill("#p-topic", "demo/json");
+  await page.fill("#p-data", "{not json");
+  await page.click("#p-form button[type=submit]");
+  await page.waitForFunction(() => /^not sent: not valid JSON/.test(document.getElementById("p-result")?.textContent ?? ""));
+  await page.fill("#p-data", '{"ok": true}');
+  await page.click("#p-form button[type=submit]");
+  await page.waitForFunction(() => /^published demo\/json #1$/.test(document.getElementById("p-result")?.textContent ?? ""));
+  await page.selectOption("#p-ct", "text/plain");
 });
 
 test("the latency view shows percentiles of both legs", { skip }, async () => {
@@ -242,6 +300,12 @@ test("the latency view shows percentiles of both legs", { skip }, async () => {
   const cells = await page.locator("#lat-body td").allInnerTexts();
   for (const i of [2, 3, 4, 8, 9, 10]) assert.match(cells[i], /^\d+(\.\d+)? (µs|ms)$/, `cell ${i}: ${cells[i]}`);
   await screenshot("latency");
+  // herald never forgets a topic: visits, and other pages, share one probe topic.
+  await page.goto(herald.http + "/#overview");
+  await page.goto(herald.http + "/#latency");
+  await page.waitForFunction(() => Number(document.querySelectorAll("#lat-body td")[1]?.textContent) >= 5);
+  const probes = await (await fetch(`${herald.http}/api/topics?prefix=herald/probe/`)).json();
+  assert.deepEqual(probes.topics.map((t) => t.topic), ["herald/probe/dashboard"]);
 });
 
 test("a narrow window has no horizontal scrolling", { skip }, async () => {
@@ -256,6 +320,153 @@ test("a narrow window has no horizontal scrolling", { skip }, async () => {
   await page.waitForTimeout(1500);
   await screenshot("narrow");
   await page.setViewportSize({ width: 1280, height: 800 });
+});
+
+/** A page of its own on `h`, closed after the test; its console errors are collected unless
+ * `expected` matches them (Chromium logs every refused request and connection). */
+async function pageOn(t, h, hash = "", expected = /^$/) {
+  const p = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  t.after(() => p.close());
+  p.on("console", (m) => m.type() === "error" && !expected.test(m.text()) && problems.push(`page on :${h.port}: ${m.text()}`));
+  p.on("pageerror", (e) => problems.push(`page on :${h.port}: exception: ${e.message}`));
+  // Every state the page's connection goes through, recorded in the page.
+  await p.addInitScript(() => {
+    const w = /** @type {any} */ (window);
+    w.pillStates = [];
+    new MutationObserver(() => {
+      const pill = document.getElementById("conn");
+      if (pill && w.pillStates.at(-1) !== pill.textContent) w.pillStates.push(pill.textContent);
+    }).observe(document, { subtree: true, childList: true, characterData: true });
+  });
+  await p.goto(`${h.http}/${hash}`);
+  return p;
+}
+
+/** A temporary directory, removed after the test. */
+function tempDir(t) {
+  const dir = mkdtempSync(join(tmpdir(), "herald-dash-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** A herald of its own for one test with `config` (TOML); stopped after it. */
+async function heraldWith(t, config, args = [], dir = tempDir(t)) {
+  const file = join(dir, "herald.toml");
+  writeFileSync(file, config);
+  const h = await Herald.start(["--config", file, ...args]);
+  t.after(() => h.stop());
+  return h;
+}
+
+/** Pauses the page's main thread for `ms`, as a slow decode or a busy tab does. */
+const busy = (p, ms) => p.evaluate((ms) => {
+  const end = performance.now() + ms;
+  while (performance.now() < end);
+}, ms);
+
+test("a view's subscription never takes the page down: hidden views hold none, Live drops rather than disconnects", { skip }, async (t) => {
+  const h = await heraldWith(t, "max_outbound_bytes = 1048576\n");
+  const stats = async () => (await fetch(`${h.http}/api/stats`)).json();
+  const p = await pageOn(t, h, "#live");
+  await p.waitForFunction(() => document.getElementById("conn")?.textContent === "open");
+  await until(async () => (await stats()).subscriptions === 1, "Live's subscription");
+  await p.goto(`${h.http}/#images`);
+  await until(async () => (await stats()).subscriptions === 1, "only the Images subscription");
+  await p.evaluate(() => (location.hash = "#live"));
+  await until(async () => (await stats()).subscriptions === 1, "Live's again, Images' gone");
+  await p.evaluate(() => (location.hash = "#images"));
+  await until(async () => (await stats()).subscriptions === 1, "Images' again, Live's gone");
+
+  // Large FITS frames, faster than the page draws them, while the page is also busy: the
+  // Images view skips frames; nothing disconnects the page.
+  const frame = writeFits(1024, 1024, 16, (x, y) => (x * 7 + y * 13) & 0x7fff);
+  const blocked = busy(p, 2000);
+  for (let i = 0; i < 16; i++) await h.publishHttp("camera/flood", frame, "image/fits");
+  await blocked;
+  await p.waitForFunction(() => Number(document.getElementById("i-canvas")?.dataset.drawn) >= 1, undefined, { timeout: 10_000 });
+
+  // Live on everything, the page stalled while 40 MiB arrive: herald drops (with notices, shown
+  // on the page), and still nothing disconnects it.
+  await p.evaluate(() => (location.hash = "#live"));
+  await until(async () => (await stats()).subscriptions === 1, "Live's subscription");
+  const chunk = "x".repeat(256 * 1024);
+  const stalled = busy(p, 3000);
+  for (let i = 0; i < 160; i++) await h.publishHttp("flood/text", chunk);
+  await stalled;
+  await p.waitForFunction(() => Number(document.getElementById("l-dropped")?.textContent?.replace(/,/g, "")) > 0, undefined, { timeout: 10_000 });
+  assert.match(await p.locator("#notice-drops").innerText(), /herald dropped for this page: .*[\d,.k]+ \(drop\)/);
+  assert.equal(await p.locator("#notice").isVisible(), true);
+  const s = await stats();
+  assert.deepEqual(s.disconnects, {}, "no slow-consumer disconnect");
+  assert.deepEqual(await p.evaluate(() => /** @type {any} */ (window).pillStates), ["connecting", "open"], "the connection never dropped");
+});
+
+test("the reason of a disconnect is on screen, and the overview shows no stale numbers while herald is away", { skip }, async (t) => {
+  const h = await heraldWith(t, "");
+  const p = await pageOn(t, h, "#overview", /ERR_CONNECTION_REFUSED/);
+  await p.waitForFunction(() => document.getElementById("s-connections")?.textContent === "1");
+  await h.stop(); // SIGTERM: herald closes the page's connection with 1001
+  await p.waitForFunction(() => /herald disconnected, reconnecting: \d{4}/.test(document.getElementById("notice-conn")?.textContent ?? ""));
+  await p.waitForFunction(() => document.getElementById("s-connections")?.textContent === "–");
+  assert.match(await p.locator("#rate-status").innerText(), /herald not reachable since/);
+  await h.spawn();
+  await p.waitForFunction(() => document.getElementById("s-connections")?.textContent === "1", undefined, { timeout: 15_000 });
+  await p.waitForFunction(() => document.getElementById("conn")?.textContent === "open");
+  assert.equal(await p.locator("#notice-conn").innerText(), "", "the notice goes once the connection is back");
+  assert.equal(await p.locator("#rate-status").innerText(), "");
+});
+
+test("with authentication on: a login form, clear refusals, credentials from the URL fragment kept for the tab", { skip }, async (t) => {
+  const dir = tempDir(t);
+  const secret = join(dir, "secret");
+  writeFileSync(secret, randomBytes(32).toString("base64"));
+  const adminKey = randomBytes(16).toString("hex");
+  writeFileSync(join(dir, "admin-key"), adminKey);
+  const h = await heraldWith(t, `[auth]\nadmin_api_key_file = "${join(dir, "admin-key")}"\n`, ["--auth-hs256-secret-file", secret], dir);
+  const { stdout } = await promisify(execFile)(/** @type {string} */ (HERALD_BIN), ["token", "--secret-file", secret, "--sub", ">", "--pub", "dash/>", "--ttl", "3600"]);
+  const token = stdout.trim();
+
+  // Nothing given: the form, saying what herald needs, and no green pill.
+  const refusals = /status of 40[13]/;
+  const p = await pageOn(t, h, "#overview", refusals);
+  await p.locator("#login").waitFor();
+  assert.match(await p.locator("#login-error").innerText(), /authentication on: \/api\/stats(\/history)? needs the admin API key \(HTTP 401\)/);
+  assert.equal(await p.locator("#conn").innerText(), "sign in needed");
+  assert.equal(await p.locator("#s-connections").innerText(), "–");
+  await screenshot("login", p);
+
+  // Wrong credentials: each refusal says which credential herald refused.
+  await p.fill("#login-token", token.slice(0, -4) + "AAAA");
+  await p.fill("#login-key", "not-the-key");
+  await p.click("#login-form button[type=submit]");
+  await p.locator("#login").waitFor();
+  await p.waitForFunction(() => /herald refused the admin API key/.test(document.getElementById("login-error")?.textContent ?? ""));
+  await p.waitForFunction(() => /herald refused the token/.test(document.getElementById("login-error")?.textContent ?? ""), undefined, { timeout: 5000 });
+
+  // The right ones: everything works, and they survive a reload (session storage).
+  await p.fill("#login-token", token);
+  await p.fill("#login-key", adminKey);
+  await p.click("#login-form button[type=submit]");
+  await p.waitForFunction(() => document.getElementById("conn")?.textContent === "open");
+  await p.waitForFunction(() => Number(document.getElementById("s-connections")?.textContent) >= 1);
+  assert.equal(await p.locator("#login").isHidden(), true);
+  await p.reload();
+  await p.waitForFunction(() => Number(document.getElementById("s-connections")?.textContent) >= 1);
+  await p.evaluate(() => (location.hash = "#live"));
+  await p.waitForTimeout(300);
+  await p.fill("#p-topic", "dash/hello");
+  await p.click("#p-form button[type=submit]");
+  await p.locator("#l-body tr", { hasText: "dash/hello" }).waitFor();
+  assert.equal(await p.locator("#signout").isVisible(), true);
+  await p.click("#signout");
+  await p.locator("#login").waitFor();
+
+  // A bookmark: the fragment signs in, opens its view, and leaves the address bar.
+  const q = await pageOn(t, h, `#topics&token=${encodeURIComponent(token)}&admin_key=${encodeURIComponent(adminKey)}`);
+  await q.waitForFunction(() => document.getElementById("conn")?.textContent === "open");
+  await q.locator("#t-body tr", { hasText: "hello" }).waitFor();
+  assert.equal(new URL(q.url()).hash, "#topics", "the credentials are gone from the URL");
+  assert.equal(await q.evaluate(() => sessionStorage.getItem("herald.admin_key")), adminKey);
 });
 
 test("no console errors or uncaught exceptions", { skip }, () => {

@@ -28,16 +28,20 @@ export { topicMatches };
  *
  * @typedef {object} Gap  What a resubscription could not recover (docs/protocol.md).
  * @property {string} topic
- * @property {"history_trimmed" | "epoch_changed" | "unknown_topic"} reason
+ * @property {"history_trimmed" | "epoch_changed" | "unknown_topic" | "recovery_limit"} reason
+ *   `recovery_limit`: messages `from`..`to` are held but were not replayed, the recovery being
+ *   larger than herald's `max_recovery_bytes` for the connection (the newest were sent).
  * @property {number} [from]
  * @property {number} [to]
  * @property {string} [epoch]
  *
  * @typedef {object} Subscribed  The server's reply to a subscribe.
  * @property {string} topic  The pattern.
- * @property {boolean} [recovered]  Present when `since` was sent: every position was filled.
+ * @property {boolean} [recovered]  Present when the subscribe asked for recovery (`since`, or
+ *   the subscription's cursor after a reconnect): nothing published since is missing.
  * @property {number} [replayed]
  * @property {Gap[]} [gaps]
+ * @property {string} [cursor]  herald's position when the subscription took effect (opaque).
  *
  * @typedef {"disconnect" | "drop" | "conflate" | "lossless"} Policy
  *
@@ -55,11 +59,20 @@ export { topicMatches };
  *   Blob's type for Blobs.
  * @property {boolean} [stamp]  Ask herald to add its receive time `ts` (µs since the UNIX epoch).
  * @property {boolean} [ack]  Wait for herald's acknowledgement (default true): the promise
- *   resolves with the sequence number. `false` sends and resolves at once.
+ *   resolves with the {@link Ack}, `{topic, seq}`. `false` sends and resolves with undefined
+ *   as soon as the message is handed to the socket.
+ * @property {AbortSignal} [signal]  Gives up (rejecting with `aborted`) when it aborts: while
+ *   waiting for the connection, or for herald's acknowledgement.
  *
- * @typedef {object} Ack
+ * @typedef {PublishOptions & {ack: false}} PublishOptionsNoAck
+ * @typedef {PublishOptions & {ack?: true}} PublishOptionsAck
+ *
+ * @typedef {object} RequestOptions
+ * @property {AbortSignal} [signal]  Gives up (rejecting with `aborted`) when it aborts.
+ *
+ * @typedef {object} Ack  herald's acknowledgement of a publish.
  * @property {string} topic
- * @property {number} seq
+ * @property {number} seq  The message's sequence number in its topic.
  *
  * @typedef {(() => string | Promise<string>)} TokenSource
  *
@@ -76,7 +89,9 @@ export { topicMatches };
  * @property {boolean} [reconnect]  Reconnect after an unexpected close (default true).
  * @property {number} [minDelayMs]  First reconnect delay (default 250).
  * @property {number} [maxDelayMs]  Largest reconnect delay (default 10000).
- * @property {number} [requestTimeoutMs]  Reject a request without a reply after this (default 10000).
+ * @property {number} [requestTimeoutMs]  Reject a request (publish, ping, unsubscribe) with
+ *   `timeout` when herald has not replied this long after the call (default 10000). Waiting
+ *   for the connection counts: a publish while herald cannot be reached fails after this too.
  *
  * @typedef {object} DroppedEvent  herald dropped messages of `topic` for this connection.
  * @property {string} topic
@@ -92,9 +107,12 @@ export { topicMatches };
  *
  * @typedef {object} ResubscribedEvent  A subscription was re-established after a reconnect.
  * @property {string} pattern
- * @property {boolean} recovered  Nothing was missed: every gap was filled from herald's history.
- * @property {number} replayed
- * @property {Gap[]} gaps
+ * @property {boolean} recovered  herald's own verdict: true only when herald reported that
+ *   nothing published while the client was away is missing (every topic it had seen, and every
+ *   topic first published meanwhile, replayed from history). False when herald reported a gap,
+ *   or did not say (a herald without subscription cursors).
+ * @property {number} replayed  Messages herald replayed.
+ * @property {Gap[]} gaps  What herald could not replay, exactly as herald reported it.
  *
  * @typedef {{
  *   state: StateEvent,
@@ -137,239 +155,101 @@ export class Message {
     /** The payload as a string (binary payloads decoded as UTF-8). @returns {string} */
     text(): string;
 }
-/**
- * A handler may return a promise: for `lossless` subscriptions the credit for a message is sent
- * only once it settles, and the next message waits for it.
- * @typedef {(message: Message) => void | Promise<void>} Handler
- */
-/** One `subscribe` call. Several may share a pattern; herald holds the pattern once. */
-export class Subscription {
-    /**
-     * @param {HeraldClient} client
-     * @param {string} pattern
-     * @param {Handler} handler
-     * @param {SubscribeOptions} options
-     */
-    constructor(client: HeraldClient, pattern: string, handler: Handler, options: SubscribeOptions);
-    client: HeraldClient;
-    pattern: string;
-    handler: Handler;
-    options: SubscribeOptions;
-    /** The last position this subscription saw per topic: the `since` of a resubscribe.
-     * @type {Map<string, Position>} */
-    positions: Map<string, Position>;
-    /** Serialises handlers that return promises, so messages stay in order. */
-    tail: Promise<void>;
-    active: boolean;
-    /** @type {(r: Subscribed) => void} */
-    resolveReady: (r: Subscribed) => void;
-    /** @type {(e: HeraldError) => void} */
-    rejectReady: (e: HeraldError) => void;
-    /** Settles with herald's first `subscribed` reply (or its error). @type {Promise<Subscribed>} */
-    ready: Promise<Subscribed>;
-    /** Stops delivery to this handler (and unsubscribes at herald if it was the pattern's last). */
-    unsubscribe(): Promise<void>;
-    /**
-     * Whether this subscription should see `head` (a message of a topic it matches): drops what
-     * it already saw (a snapshot or replay may repeat a message), accepts a new epoch.
-     * @param {Message} m
-     */
-    accept(m: Message): boolean;
-}
 export class HeraldClient {
     /**
      * @param {string | URL} url
      * @param {ConnectOptions} [options]
      */
     constructor(url: string | URL, options?: ConnectOptions);
+    /** The URL connected to. */
     url: string;
-    WebSocket: new (url: string | URL, protocols?: string | string[]) => WebSocket;
-    options: {
-        /**
-         * The WebSocket constructor; defaults to the platform's `globalThis.WebSocket` (Node 20 needs
-         * `--experimental-websocket`, or pass the `ws` package's constructor).
-         */
-        WebSocket?: (new (url: string | URL, protocols?: string | string[]) => WebSocket) | undefined;
-        /**
-         * A token, or a function asked for a fresh one before
-         * every (re)connect and before the current one expires.
-         */
-        token?: string | TokenSource | undefined;
-        /**
-         * Send the token as `?token=` on the URL (default) or
-         * as a first `{"op":"auth"}` message.
-         */
-        tokenIn: string;
-        /**
-         * Refresh the token this long before the `exp` herald
-         * reported (default 30).
-         */
-        refreshBeforeSecs: number;
-        /**
-         * Reconnect after an unexpected close (default true).
-         */
-        reconnect: boolean;
-        /**
-         * First reconnect delay (default 250).
-         */
-        minDelayMs: number;
-        /**
-         * Largest reconnect delay (default 10000).
-         */
-        maxDelayMs: number;
-        /**
-         * Reject a request without a reply after this (default 10000).
-         */
-        requestTimeoutMs: number;
-    };
-    /** @type {ConnectionState} */
+    /** The connection's state; `state` events report its changes. @type {ConnectionState} */
     state: ConnectionState;
-    /** @type {WebSocket | null} */
-    ws: WebSocket | null;
-    nextId: number;
-    attempt: number;
-    everOpened: boolean;
-    /** @type {Map<number, {resolve: (v: any) => void, reject: (e: HeraldError) => void, timer: any, resend?: boolean}>} */
-    pending: Map<number, {
-        resolve: (v: any) => void;
-        reject: (e: HeraldError) => void;
-        timer: any;
-        resend?: boolean;
-    }>;
-    /** Subscriptions by pattern. @type {Map<string, Set<Subscription>>} */
-    patterns: Map<string, Set<Subscription>>;
-    /** Lossless credits waiting to be sent, by pattern: messages and payload bytes.
-     * @type {Map<string, {n: number, bytes: number}>} */
-    credits: Map<string, {
-        n: number;
-        bytes: number;
-    }>;
-    /** Message frames still to come that herald announced as replayed (snapshot or `since`) in
-     * a `subscribed` reply: they spent no lossless credit, so none is granted back for them. */
-    replayedToCome: number;
-    /** Listeners by event name (typed at `on`). @type {Map<string, Set<(e: any) => void>>} */
-    listeners: Map<string, Set<(e: any) => void>>;
-    /** Requests waiting for the connection. @type {Array<{resolve: () => void, reject: (e: HeraldError) => void}>} */
-    waitingForOpen: Array<{
-        resolve: () => void;
-        reject: (e: HeraldError) => void;
-    }>;
-    /** @type {any} */
-    retryTimer: any;
-    /** @type {any} */
-    refreshTimer: any;
     /**
      * Listens to `state` changes, `dropped` notices, `error`s no request was waiting for, and
      * `resubscribed` reports after a reconnect. Returns a function that removes the listener.
      * @template {keyof ClientEvents} K
      * @param {K} event
      * @param {(e: ClientEvents[K]) => void} listener
+     * @returns {() => void}
      */
-    on<K extends keyof ClientEvents>(event: K, listener: (e: ClientEvents[K]) => void): () => boolean;
+    on<K extends keyof ClientEvents>(event: K, listener: (e: ClientEvents[K]) => void): () => void;
     /**
+     * Like `on`, for the next event only.
      * @template {keyof ClientEvents} K
      * @param {K} event
-     * @param {ClientEvents[K]} detail
+     * @param {(e: ClientEvents[K]) => void} listener
+     * @returns {() => void}
      */
-    emit<K extends keyof ClientEvents>(event: K, detail: ClientEvents[K]): void;
-    /** @param {ConnectionState} state @param {Omit<StateEvent, "state">} [extra] */
-    setState(state: ConnectionState, extra?: Omit<StateEvent, "state">): void;
-    token(): Promise<string | undefined>;
-    open(): Promise<void>;
-    /** @param {WebSocket} ws @param {string | undefined} token */
-    opened(ws: WebSocket, token: string | undefined): void;
+    once<K extends keyof ClientEvents>(event: K, listener: (e: ClientEvents[K]) => void): () => void;
     /**
-     * Re-authenticates on the live connection before the token expires: `refreshBeforeSecs`
-     * before `exp`, but never in the first half of the time left, so that a token living less
-     * than `refreshBeforeSecs` is refreshed once per half-life rather than in a tight loop.
-     * @param {number | undefined} exp  Unix seconds (from `authed`, or the token's own claim).
+     * Removes a listener added with `on` or `once`.
+     * @template {keyof ClientEvents} K
+     * @param {K} event
+     * @param {(e: ClientEvents[K]) => void} listener
      */
-    scheduleRefresh(exp: number | undefined): void;
-    /** @param {WebSocket} ws @param {number} code @param {string} reason */
-    closed(ws: WebSocket, code: number, reason: string): void;
-    /** @param {number | undefined} code @param {string | undefined} reason */
-    scheduleReconnect(code: number | undefined, reason: string | undefined): void;
-    failWaiting(): void;
+    off<K extends keyof ClientEvents>(event: K, listener: (e: ClientEvents[K]) => void): void;
     /** Closes the connection for good: no reconnect; pending requests fail with `closed`. */
     close(): void;
-    /** Resolves when the connection is open. */
-    whenOpen(): Promise<any>;
     /**
-     * Sends a request with a fresh id and resolves with herald's reply (rejects with its error).
-     * @param {Record<string, any>} body
-     * @param {{binary?: Uint8Array, resend?: boolean}} [extra]
-     * @returns {Promise<any>}
+     * Resolves when the connection is open (without a time limit; rejects once closed).
+     * @returns {Promise<void>}
      */
-    request(body: Record<string, any>, extra?: {
-        binary?: Uint8Array;
-        resend?: boolean;
-    }): Promise<any>;
-    /** @param {Record<string, any>} body @param {Uint8Array} [binary] */
-    send(body: Record<string, any>, binary?: Uint8Array): void;
+    whenOpen(): Promise<void>;
     /**
      * Subscribes `handler` to `pattern` (wildcards `*` and `>`). Delivery starts after herald's
-     * reply (`subscription.ready`). After a reconnect the subscription is renewed with `since` set
-     * to the last position it saw of every topic, and a `resubscribed` event says whether anything
-     * was lost.
+     * reply (`subscription.ready`). After a reconnect the subscription is renewed with `since`
+     * set to the last position it saw of every topic and with the cursor of herald's first reply,
+     * so that herald replays what it missed, topics first published meanwhile included; a
+     * `resubscribed` event carries herald's verdict.
      * @param {string} pattern
      * @param {Handler} handler
      * @param {SubscribeOptions} [options]
+     * @returns {Subscription}
      */
     subscribe(pattern: string, handler: Handler, options?: SubscribeOptions): Subscription;
     /**
-     * Sends one `sub` for `subs` (all on `pattern`): the union of their options, `since` from
-     * their positions (the earliest per topic, so that every one of them is filled).
-     * @param {string} pattern
-     * @param {Set<Subscription>} subs
-     * @param {boolean} reconnected  Report the outcome as a `resubscribed` event.
-     */
-    sendSubscribe(pattern: string, subs: Set<Subscription>, reconnected: boolean): void;
-    /**
      * Removes a subscription; herald is told when it was the last one on its pattern.
-     * @param {Subscription} sub
+     * @param {Subscription} subscription
+     * @param {RequestOptions} [options]
      * @returns {Promise<void>}
      */
-    unsubscribe(sub: Subscription): Promise<void>;
+    unsubscribe(subscription: Subscription, options?: RequestOptions): Promise<void>;
     /**
      * Publishes to an exact topic. Strings travel as text; ArrayBuffer, typed arrays and Blobs as
      * a binary frame (never base64); any other value as JSON text (`ct` application/json).
+     * Resolves with herald's acknowledgement, `{topic, seq}`, or with undefined for
+     * `{ack: false}`; rejects with herald's error (`HeraldError`), `bad_argument` for a topic or
+     * value that cannot be sent, `timeout` after `requestTimeoutMs`, `aborted` when `signal` aborts.
+     * @overload
+     * @param {string} topic
+     * @param {string | ArrayBuffer | ArrayBufferView | Blob | any} data
+     * @param {PublishOptionsNoAck} options
+     * @returns {Promise<undefined>}
+     */
+    publish(topic: string, data: string | ArrayBuffer | ArrayBufferView | Blob | any, options: PublishOptionsNoAck): Promise<undefined>;
+    /**
+     * @overload
+     * @param {string} topic
+     * @param {string | ArrayBuffer | ArrayBufferView | Blob | any} data
+     * @param {PublishOptionsAck} [options]
+     * @returns {Promise<Ack>}
+     */
+    publish(topic: string, data: string | ArrayBuffer | ArrayBufferView | Blob | any, options?: PublishOptionsAck | undefined): Promise<Ack>;
+    /**
+     * @overload
      * @param {string} topic
      * @param {string | ArrayBuffer | ArrayBufferView | Blob | any} data
      * @param {PublishOptions} [options]
-     * @returns {Promise<Ack | undefined>}  The acknowledgement (undefined with `ack: false`).
+     * @returns {Promise<Ack | undefined>}
      */
-    publish(topic: string, data: string | ArrayBuffer | ArrayBufferView | Blob | any, options?: PublishOptions): Promise<Ack | undefined>;
-    /** An application-level round trip to herald. */
-    ping(): Promise<void>;
-    /** @param {string | ArrayBuffer} raw */
-    receive(raw: string | ArrayBuffer): void;
-    /** @param {number} id */
-    settle(id: number): void;
+    publish(topic: string, data: string | ArrayBuffer | ArrayBufferView | Blob | any, options?: PublishOptions | undefined): Promise<Ack | undefined>;
     /**
-     * Hands a message to every matching subscription that has not seen it yet. Lossless handlers
-     * run one message at a time per subscription. A live message spent one credit of one
-     * subscription at herald (the first lossless pattern the connection subscribed to that
-     * matches it, docs/protocol.md); that credit is granted back once, after every handler of
-     * that pattern finished with the message. Replayed messages spent none and earn none.
-     * @param {Message} m
-     * @param {boolean} replayed  Part of a snapshot or `since` replay.
-     * @param {string | Uint8Array} [body]  The payload as received (its size is the byte credit
-     *   a byte window grants back).
+     * An application-level round trip to herald, within `requestTimeoutMs`.
+     * @param {RequestOptions} [options]
      */
-    deliver(m: Message, replayed: boolean, body?: string | Uint8Array): void;
-    /** Runs a handler; its exceptions become `error` events rather than stopping delivery.
-     * @param {Subscription} sub @param {Message} m */
-    run(sub: Subscription, m: Message): Promise<void>;
-    /**
-     * Grants herald one more message (and its `bytes` of payload, with a byte window) on the
-     * lossless subscription to `pattern`. Credits are batched: those earned in one turn of the
-     * event loop go out as one `credit` request. A message that came on an earlier connection
-     * earns nothing: a resubscription starts with a fresh window.
-     * @param {string} pattern
-     * @param {WebSocket | null} ws  The connection the message came on.
-     * @param {number} bytes
-     */
-    credit(pattern: string, ws: WebSocket | null, bytes: number): void;
+    ping(options?: RequestOptions): Promise<void>;
+    #private;
 }
 export type ConnectionState = "connecting" | "open" | "reconnecting" | "closed";
 /**
@@ -384,7 +264,11 @@ export type Position = {
  */
 export type Gap = {
     topic: string;
-    reason: "history_trimmed" | "epoch_changed" | "unknown_topic";
+    /**
+     *  `recovery_limit`: messages `from`..`to` are held but were not replayed, the recovery being
+     *  larger than herald's `max_recovery_bytes` for the connection (the newest were sent).
+     */
+    reason: "history_trimmed" | "epoch_changed" | "unknown_topic" | "recovery_limit";
     from?: number | undefined;
     to?: number | undefined;
     epoch?: string | undefined;
@@ -398,11 +282,16 @@ export type Subscribed = {
      */
     topic: string;
     /**
-     * Present when `since` was sent: every position was filled.
+     * Present when the subscribe asked for recovery (`since`, or
+     * the subscription's cursor after a reconnect): nothing published since is missing.
      */
     recovered?: boolean | undefined;
     replayed?: number | undefined;
     gaps?: Gap[] | undefined;
+    /**
+     * herald's position when the subscription took effect (opaque).
+     */
+    cursor?: string | undefined;
 };
 export type Policy = "disconnect" | "drop" | "conflate" | "lossless";
 export type SubscribeOptions = {
@@ -444,12 +333,36 @@ export type PublishOptions = {
     stamp?: boolean | undefined;
     /**
      * Wait for herald's acknowledgement (default true): the promise
-     * resolves with the sequence number. `false` sends and resolves at once.
+     * resolves with the {@link Ack}, `{topic, seq}`. `false` sends and resolves with undefined
+     * as soon as the message is handed to the socket.
      */
     ack?: boolean | undefined;
+    /**
+     * Gives up (rejecting with `aborted`) when it aborts: while
+     * waiting for the connection, or for herald's acknowledgement.
+     */
+    signal?: AbortSignal | undefined;
 };
+export type PublishOptionsNoAck = PublishOptions & {
+    ack: false;
+};
+export type PublishOptionsAck = PublishOptions & {
+    ack?: true;
+};
+export type RequestOptions = {
+    /**
+     * Gives up (rejecting with `aborted`) when it aborts.
+     */
+    signal?: AbortSignal | undefined;
+};
+/**
+ * herald's acknowledgement of a publish.
+ */
 export type Ack = {
     topic: string;
+    /**
+     * The message's sequence number in its topic.
+     */
     seq: number;
 };
 export type TokenSource = (() => string | Promise<string>);
@@ -487,7 +400,9 @@ export type ConnectOptions = {
      */
     maxDelayMs?: number | undefined;
     /**
-     * Reject a request without a reply after this (default 10000).
+     * Reject a request (publish, ping, unsubscribe) with
+     * `timeout` when herald has not replied this long after the call (default 10000). Waiting
+     * for the connection counts: a publish while herald cannot be reached fails after this too.
      */
     requestTimeoutMs?: number | undefined;
 };
@@ -524,10 +439,19 @@ export type StateEvent = {
 export type ResubscribedEvent = {
     pattern: string;
     /**
-     * Nothing was missed: every gap was filled from herald's history.
+     * herald's own verdict: true only when herald reported that
+     * nothing published while the client was away is missing (every topic it had seen, and every
+     * topic first published meanwhile, replayed from history). False when herald reported a gap,
+     * or did not say (a herald without subscription cursors).
      */
     recovered: boolean;
+    /**
+     * Messages herald replayed.
+     */
     replayed: number;
+    /**
+     * What herald could not replay, exactly as herald reported it.
+     */
     gaps: Gap[];
 };
 export type ClientEvents = {
@@ -541,4 +465,21 @@ export type ClientEvents = {
  * only once it settles, and the next message waits for it.
  */
 export type Handler = (message: Message) => void | Promise<void>;
+/**
+ * One `subscribe` call. Several may share a pattern; herald holds the pattern once.
+ */
+export type Subscription = {
+    pattern: string;
+    /**
+     * Settles with herald's first `subscribed` reply, or
+     * rejects with its error (also an `error` event), or with `closed` when the client closes
+     * first.
+     */
+    ready: Promise<Subscribed>;
+    /**
+     * Stops delivery to this handler (and
+     * unsubscribes at herald if it was the pattern's last).
+     */
+    unsubscribe: () => Promise<void>;
+};
 import { topicMatches } from "./topic.js";

@@ -22,6 +22,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("dashboard/style.css"),
     ),
     ("app.js", JS, include_str!("dashboard/app.js")),
+    ("api.js", JS, include_str!("dashboard/api.js")),
     ("chart.js", JS, include_str!("dashboard/chart.js")),
     ("format.js", JS, include_str!("dashboard/format.js")),
     ("overview.js", JS, include_str!("dashboard/overview.js")),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .merge(dashboard::router())
-        .merge(introspect::router())
+        .merge(introspect::router(&node))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/ws", get(ws::upgrade))

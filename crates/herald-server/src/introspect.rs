@@ -1,5 +1,6 @@
 //! Read-only JSON views of a running node, for the dashboard and for scripts:
-//! `GET /api/stats` (counters and gauges) and `GET /api/topics` (every topic with its rate,
+//! `GET /api/stats` (counters and gauges), `GET /api/stats/history` (the same, sampled once a
+//! second for the last five minutes) and `GET /api/topics` (every topic with its rate,
 //! subscribers and a preview of its last value).
 //!
 //! Rates per second are left to the caller for counters (two samples of a monotonic counter give
@@ -18,18 +19,41 @@ use herald_core::wire::{split_binary, Frame};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::time::MissedTickBehavior;
 
 /// Per-topic rates are re-measured at most this often, however many dashboards poll.
 const RATE_INTERVAL: Duration = Duration::from_secs(1);
 /// Text previews are cut to this many characters.
 const PREVIEW_CHARS: usize = 200;
 
-pub fn router() -> Router<Arc<Node>> {
+/// `/api/stats/history` keeps one sample per interval, this many: five minutes.
+const HISTORY_INTERVAL: Duration = Duration::from_secs(1);
+const HISTORY_SAMPLES: usize = 300;
+
+/// The routes, and the task that samples `node` for `/api/stats/history` while it lives (so a
+/// dashboard opened after an incident shows the minutes before it).
+pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
+    let node = Arc::downgrade(node);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HISTORY_INTERVAL);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(node) = node.upgrade() else { return };
+            let sample = Sample::take(&node);
+            let mut history = node.introspection.history.lock();
+            if history.len() == HISTORY_SAMPLES {
+                history.pop_front();
+            }
+            history.push_back(sample);
+        }
+    });
     Router::new()
         .route("/api/stats", get(stats))
+        .route("/api/stats/history", get(stats_history))
         .route("/api/topics", get(topics))
 }
 
@@ -37,12 +61,64 @@ pub fn router() -> Router<Arc<Node>> {
 pub struct Introspection {
     started: Instant,
     rates: Mutex<TopicRates>,
+    /// The recent samples, oldest first.
+    history: Mutex<VecDeque<Sample>>,
+}
+
+/// The gauges and counters of `/api/stats` that the dashboard charts, at one moment.
+struct Sample {
+    now_us: u64,
+    connections: usize,
+    subscriptions: usize,
+    topics: usize,
+    messages_in: u64,
+    bytes_in: u64,
+    deliveries: u64,
+    bytes_out: u64,
+}
+
+impl Sample {
+    fn take(node: &Node) -> Sample {
+        let (connections, subscriptions, topics) = {
+            let engine = node.engine.lock();
+            (
+                engine.connection_count(),
+                engine.subscription_count(),
+                engine.topic_count(),
+            )
+        };
+        let m = &node.metrics;
+        Sample {
+            now_us: crate::node::now_us(),
+            connections,
+            subscriptions,
+            topics,
+            messages_in: m.messages_in_ws.get() + m.messages_in_http.get(),
+            bytes_in: m.bytes_in_ws.get() + m.bytes_in_http.get(),
+            deliveries: m.deliveries.get(),
+            bytes_out: m.bytes_out.get(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "now_us": self.now_us,
+            "connections": self.connections,
+            "subscriptions": self.subscriptions,
+            "topics": self.topics,
+            "messages_in": self.messages_in,
+            "bytes_in": self.bytes_in,
+            "deliveries": self.deliveries,
+            "bytes_out": self.bytes_out,
+        })
+    }
 }
 
 impl Default for Introspection {
     fn default() -> Self {
         Introspection {
             started: Instant::now(),
+            history: Mutex::new(VecDeque::with_capacity(HISTORY_SAMPLES)),
             rates: Mutex::new(TopicRates::default()),
         }
     }
@@ -111,35 +187,47 @@ async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
     if let Err(refusal) = require_admin(&node, &headers) {
         return refusal;
     }
-    let (connections, subscriptions, topics) = {
-        let engine = node.engine.lock();
-        (
-            engine.connection_count(),
-            engine.subscription_count(),
-            engine.topic_count(),
-        )
-    };
     let m = &node.metrics;
     // Labelled families are read back from the exposition, so that labels other modules add
     // (new drop reasons, error codes) show up here without a list to keep in step.
     let text = m.render();
+    let s = Sample::take(&node);
     Json(json!({
-        "now_us": crate::node::now_us(),
+        "now_us": s.now_us,
         "uptime_secs": node.introspection.started.elapsed().as_secs_f64(),
-        "connections": connections,
-        "subscriptions": subscriptions,
-        "topics": topics,
-        "messages_in": m.messages_in_ws.get() + m.messages_in_http.get(),
-        "bytes_in": m.bytes_in_ws.get() + m.bytes_in_http.get(),
-        "deliveries": m.deliveries.get(),
+        "connections": s.connections,
+        "subscriptions": s.subscriptions,
+        "topics": s.topics,
+        "messages_in": s.messages_in,
+        "bytes_in": s.bytes_in,
+        "deliveries": s.deliveries,
         "frames_out": m.frames_out.get(),
-        "bytes_out": m.bytes_out.get(),
+        "bytes_out": s.bytes_out,
         "connections_accepted": m.connections_total.get(),
         "dropped": family(&text, "herald_dropped_messages_total", "reason"),
         "disconnects": family(&text, "herald_disconnects_total", "reason"),
         "errors": family(&text, "herald_request_errors_total", "code"),
         // `null` for a node alone; see docs/cluster.md.
         "cluster": node.broker.as_ref().map(|b| b.stats()),
+    }))
+    .into_response()
+}
+
+/// `GET /api/stats/history`: the samples of the last five minutes, oldest first.
+async fn stats_history(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = require_admin(&node, &headers) {
+        return refusal;
+    }
+    let samples: Vec<Value> = node
+        .introspection
+        .history
+        .lock()
+        .iter()
+        .map(Sample::json)
+        .collect();
+    Json(json!({
+        "interval_secs": HISTORY_INTERVAL.as_secs_f64(),
+        "samples": samples,
     }))
     .into_response()
 }

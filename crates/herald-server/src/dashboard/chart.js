@@ -25,38 +25,53 @@ function niceMax(v) {
   return [1, 2, 5, 10].map((m) => m * p).find((m) => m >= v) ?? 10 * p;
 }
 
+/** A y axis for values up to `max`: a round step (1, 2 or 5 × 10ⁿ, at least 1: rates of whole
+ * messages) and the top, at most four steps up. @param {number} max */
+function countAxis(max) {
+  const step = Math.max(1, niceMax(max / 4));
+  return { step, top: step * Math.max(1, Math.ceil(max / step)) };
+}
+
 /**
- * Lines over time. `series` are equally spaced samples (oldest first), all the same length.
+ * Lines over wall-clock time: the last `windowUs` up to `nowUs`. A point whose value is NaN
+ * breaks its line (no data there).
  * @param {HTMLCanvasElement} canvas
- * @param {{values: number[], color: string}[]} series
- * @param {{capacity: number, format: (v: number) => string}} opts
+ * @param {{points: [number, number][], color: string}[]} series  [time µs, value], oldest first
+ * @param {{nowUs: number, windowUs: number, format: (v: number) => string}} opts
  */
 export function lineChart(canvas, series, opts) {
   const { ctx, w, h } = prepare(canvas);
   const left = 48, bottom = 18, top = 6;
-  const max = niceMax(Math.max(0, ...series.flatMap((s) => s.values)));
+  const values = series.flatMap((s) => s.points.map((p) => p[1])).filter((v) => !Number.isNaN(v));
+  const { step, top: max } = countAxis(Math.max(0, ...values));
   ctx.strokeStyle = "#e2e6ee";
   ctx.fillStyle = "#687286";
   ctx.textAlign = "right";
-  for (let i = 0; i <= 4; i++) {
-    const y = top + ((h - top - bottom) * i) / 4;
+  for (let v = 0; v <= max; v += step) {
+    const y = top + (h - top - bottom) * (1 - v / max);
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w, y); ctx.stroke();
-    ctx.fillText(opts.format((max * (4 - i)) / 4), left - 6, y + 4);
+    ctx.fillText(opts.format(v), left - 6, y + 4);
   }
   ctx.textAlign = "left";
-  ctx.fillText(`−${Math.round(opts.capacity / 60)} min`, left, h - 4);
+  ctx.fillText(`−${Math.round(opts.windowUs / 60e6)} min`, left, h - 4);
   ctx.textAlign = "right";
   ctx.fillText("now", w, h - 4);
+  const from = opts.nowUs - opts.windowUs;
   for (const s of series) {
     ctx.strokeStyle = css(s.color) || s.color;
     ctx.lineWidth = 1.6;
     ctx.beginPath();
-    const n = s.values.length;
-    s.values.forEach((v, i) => {
-      const x = left + ((w - left) * (opts.capacity - n + i)) / Math.max(1, opts.capacity - 1);
+    let drawing = false;
+    for (const [t, v] of s.points) {
+      if (t < from || Number.isNaN(v)) {
+        drawing = false;
+        continue;
+      }
+      const x = left + ((w - left) * (t - from)) / opts.windowUs;
       const y = top + (h - top - bottom) * (1 - v / max);
-      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
-    });
+      drawing ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+      drawing = true;
+    }
     ctx.stroke();
   }
 }
@@ -91,8 +106,11 @@ export function histogram(canvas, series) {
   ctx.fillStyle = "#687286";
   ctx.textAlign = "center";
   for (let d = Math.ceil(lo); d <= hi; d++) {
-    const x = left + ((d - lo) / (hi - lo)) * (w - left);
-    ctx.fillText(["1 µs", "10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s", "10 s"][d] ?? `1e${d} µs`, x, h - 4);
+    const label = ["1 µs", "10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s", "10 s"][d] ?? `1e${d} µs`;
+    // Centred on its tick, but never past either edge of the canvas.
+    const half = ctx.measureText(label).width / 2;
+    const x = Math.min(w - half, Math.max(half, left + ((d - lo) / (hi - lo)) * (w - left)));
+    ctx.fillText(label, x, h - 4);
   }
   ctx.textAlign = "right";
   ctx.fillText(String(max), left - 6, top + 8);

@@ -1,11 +1,12 @@
 // Image view: the newest image of a topic on a canvas. JPEG and PNG are decoded by the browser
 // (createImageBitmap); FITS by fits.js. The handler only keeps the newest frame; drawing happens
 // on animation frames, one image at a time, so a stream faster than the display skips frames
-// (counted) instead of queueing them.
+// (counted) instead of queueing them. The subscription exists only while the view is shown.
 
 import { isFits, parseFits, limits, colourMap, paint } from "./fits.js";
 import { count, bytes } from "./format.js";
 import { topicMatches } from "./herald-client.js";
+import { release } from "./api.js";
 
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
 /** Writes text only when it changed: at tens of frames per second, every DOM write costs a
@@ -34,13 +35,14 @@ const drawTimes = [];
 let imageData = null;
 /** How long the last draw took (decode, scale, paint). */
 let drawMs = NaN;
+let visible = false;
 
 /** @param {import("./herald-client.js").HeraldClient} c */
 export function init(c) {
   client = c;
   $("i-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    watch();
+    subscribe();
   });
   for (const id of ["i-scale", "i-cmap"]) {
     $(id).addEventListener("change", () => {
@@ -50,14 +52,31 @@ export function init(c) {
   client.on("dropped", (d) => {
     if (sub && topicMatches(sub.pattern, d.topic)) dropped += d.count;
   });
-  watch();
   requestAnimationFrame(frame);
   setInterval(stats, 250);
 }
 
-function watch() {
+export function show() {
+  visible = true;
+  if (!sub) subscribe();
+}
+
+export function hide() {
+  visible = false;
+  release(sub);
+  sub = null;
+  pending = null;
+}
+
+/** Shows the images of `pattern` from when the view is shown. @param {string} pattern */
+export function watch(pattern) {
+  /** @type {HTMLInputElement} */ ($("i-topic")).value = pattern;
+  if (visible) subscribe();
+}
+
+function subscribe() {
   const pattern = /** @type {HTMLInputElement} */ ($("i-topic")).value.trim();
-  sub?.unsubscribe();
+  release(sub);
   received = drawn = skipped = dropped = 0;
   canvas.dataset.received = canvas.dataset.drawn = "0";
   // An image stream should skip to the newest image rather than fall behind: conflate where
@@ -124,6 +143,7 @@ async function draw(m) {
   setText("i-size", `${canvas.width} × ${canvas.height}, ${bytes(data.byteLength)}`);
   setText("i-type", m.ct ?? "image");
   setText("i-range", "–");
+  setText("i-header", "(not a FITS image: no header)");
 }
 
 /** @param {number} v */

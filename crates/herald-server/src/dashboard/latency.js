@@ -1,12 +1,22 @@
 // Latency view: the page publishes probes carrying its send time (µs since the UNIX epoch) with
 // `stamp`, subscribes to them, and splits each round into publish→server (herald's stamp minus
 // the send time) and server→browser (arrival minus the stamp), the two legs of the latency
-// seeds. Any stamped message on the probe topic counts, so an external prober works too.
+// seeds. Any stamped message on the probe topic counts for server→browser, so an external
+// prober works too; publish→server and the total count only this page's probes (their send time
+// is this page's clock).
+//
+// Every page probes the same topic unless told otherwise: herald never forgets a topic, so a
+// topic per visit would leave one behind each time. Probing and the subscription stop while the
+// view is hidden.
 
 import { histogram } from "./chart.js";
 import { count, micros, cell } from "./format.js";
+import { release } from "./api.js";
 
 const KEEP = 2000;
+const PROBE_TOPIC = "herald/probe/dashboard";
+/** Tells this page's probes from other pages'. */
+const PAGE = Math.random().toString(36).slice(2, 10);
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
 
 /** @type {import("./herald-client.js").HeraldClient} */
@@ -26,7 +36,7 @@ const nowUs = () => Math.round((performance.timeOrigin + performance.now()) * 10
 export function init(c) {
   client = c;
   const topic = /** @type {HTMLInputElement} */ ($("lat-topic"));
-  topic.value = `herald/probe/${Math.random().toString(36).slice(2, 8)}`;
+  topic.value = PROBE_TOPIC;
   topic.addEventListener("change", subscribe);
   $("lat-rate").addEventListener("change", schedule);
   $("lat-toggle").addEventListener("click", () => {
@@ -38,12 +48,12 @@ export function init(c) {
     samples = { up: [], down: [], total: [] };
     render();
   });
-  subscribe();
   setInterval(render, 500);
 }
 
 export function show() {
   visible = true;
+  subscribe();
   schedule();
   render();
 }
@@ -52,10 +62,12 @@ export function show() {
 export function hide() {
   visible = false;
   clearInterval(timer);
+  release(sub);
+  sub = null;
 }
 
 function subscribe() {
-  sub?.unsubscribe();
+  release(sub);
   sub = client.subscribe(/** @type {HTMLInputElement} */ ($("lat-topic")).value.trim(), onProbe);
 }
 
@@ -68,7 +80,7 @@ function schedule() {
 
 function probe() {
   if (client.state !== "open" || !sub) return;
-  client.publish(sub.pattern, JSON.stringify({ t: nowUs() }), { stamp: true, ack: false }).catch(() => {});
+  client.publish(sub.pattern, JSON.stringify({ t: nowUs(), page: PAGE }), { stamp: true, ack: false }).catch(() => {});
 }
 
 /** @param {import("./herald-client.js").Message} m */
@@ -77,8 +89,8 @@ function onProbe(m) {
   if (m.ts === undefined) return;
   add(samples.down, arrived - m.ts);
   try {
-    const sent = m.json().t;
-    if (typeof sent === "number") {
+    const { t: sent, page } = m.json();
+    if (typeof sent === "number" && page === PAGE) {
       add(samples.up, m.ts - sent);
       add(samples.total, arrived - sent);
     }

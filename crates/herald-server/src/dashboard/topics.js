@@ -1,14 +1,16 @@
 // Topic explorer: GET /api/topics every two seconds while shown, as a tree by level. A branch
-// shows the sum of its topics' rates; clicking it folds it; "watch" opens the live view.
+// shows the sum of its topics' rates; clicking it folds it; "watch" opens the Images view for
+// images (a topic, or a branch of nothing else) and Live for the rest.
 
 import { count, bytes, cell } from "./format.js";
+import { api } from "./api.js";
 
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
 
 /**
  * @typedef {{topic: string, seq: number, subscribers: number, rate: number,
  *   last: null | {ct?: string, bytes: number, binary: boolean, text?: string, truncated?: boolean}}} Topic
- * @typedef {{name: string, path: string, children: Map<string, Node>, topic?: Topic, rate: number, topics: number}} Node
+ * @typedef {{name: string, path: string, children: Map<string, Node>, topic?: Topic, rate: number, topics: number, images: number}} Node
  */
 
 /** Branches the user folded (paths). */
@@ -40,15 +42,12 @@ async function poll() {
   if (!visible) return;
   try {
     const prefix = encodeURIComponent(/** @type {HTMLInputElement} */ ($("t-filter")).value);
-    const r = await fetch(`/api/topics?limit=2000&prefix=${prefix}`);
-    if (r.ok) {
-      const body = await r.json();
-      latest = body.topics;
-      $("t-summary").textContent = `${count(body.total)} topics` + (body.truncated ? `, first ${latest.length} shown` : "");
-      render();
-    }
-  } catch {
-    // herald is restarting; try again
+    const body = await api(`/api/topics?limit=2000&prefix=${prefix}`);
+    latest = body.topics;
+    $("t-summary").textContent = `${count(body.total)} topics` + (body.truncated ? `, first ${latest.length} shown` : "");
+    render();
+  } catch (e) {
+    $("t-summary").textContent = `not updated: ${e instanceof Error ? e.message : e}`;
   }
   timer = setTimeout(poll, 2000);
 }
@@ -56,17 +55,20 @@ async function poll() {
 /** @param {Topic[]} topics */
 function tree(topics) {
   /** @type {Node} */
-  const root = { name: "", path: "", children: new Map(), rate: 0, topics: 0 };
+  const root = { name: "", path: "", children: new Map(), rate: 0, topics: 0, images: 0 };
   for (const t of topics) {
+    const image = isImage(t) ? 1 : 0;
     let node = root;
     node.rate += t.rate;
     node.topics++;
+    node.images += image;
     for (const level of t.topic.split("/")) {
       const path = node.path ? `${node.path}/${level}` : level;
       let child = node.children.get(level);
-      if (!child) node.children.set(level, (child = { name: level, path, children: new Map(), rate: 0, topics: 0 }));
+      if (!child) node.children.set(level, (child = { name: level, path, children: new Map(), rate: 0, topics: 0, images: 0 }));
       child.rate += t.rate;
       child.topics++;
+      child.images += image;
       node = child;
     }
     node.topic = t;
@@ -98,8 +100,11 @@ function row(node, depth) {
     const caret = document.createElement("span");
     caret.className = "caret";
     caret.textContent = folded.has(node.path) ? "▸" : "▾";
-    name.append(caret, node.name + "/");
-    name.title = `${node.topics} topics under ${node.path}/ — click to fold`;
+    const n = document.createElement("small");
+    n.className = "muted";
+    n.textContent = ` ${count(node.topics)} topic${node.topics === 1 ? "" : "s"}`;
+    name.append(caret, node.name + "/", n);
+    name.title = `${node.path}/ — click to fold`;
     name.addEventListener("click", () => {
       folded.has(node.path) ? folded.delete(node.path) : folded.add(node.path);
       render();
@@ -108,23 +113,30 @@ function row(node, depth) {
     name.append(node.name);
     name.title = node.path;
   }
+  const image = node.images === node.topics;
   const watch = document.createElement("a");
-  watch.href = "#live";
+  watch.href = image ? "#images" : "#live";
   watch.textContent = "watch";
   watch.className = "watch";
+  watch.title = image ? "show in Images" : "show in Live";
   watch.addEventListener("click", (e) => {
     e.preventDefault();
-    dispatchEvent(new CustomEvent("herald:watch", { detail: node.children.size ? `${node.path}/>` : node.path }));
+    dispatchEvent(new CustomEvent("herald:watch", { detail: { pattern: node.children.size ? `${node.path}/>` : node.path, image } }));
   });
   name.append(watch);
   tr.append(
     name,
     cell(count(node.rate), "n"),
     cell(t ? count(t.subscribers) : "", "n"),
-    cell(t ? count(t.seq) : `${node.topics} topics`, "n"),
+    cell(t ? count(t.seq) : "", "n"),
     cell(t?.last ? lastValue(t.last) : ""),
   );
   return tr;
+}
+
+/** Whether a topic's last message is an image the Images view draws. @param {Topic} t */
+function isImage(t) {
+  return !!t.last?.binary && /^image\/|fits/i.test(t.last.ct ?? "");
 }
 
 /** @param {NonNullable<Topic["last"]>} last */
