@@ -4,7 +4,9 @@
 //! - [`topic`]: the topic and pattern grammar (`a/b`, `a/*/c`, `a/>`), validation, matching.
 //! - [`index`]: the subscription index, a trie that finds who a topic's message goes to.
 //! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
-//! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out.
+//! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out; its
+//!   recovery (what a subscription is sent before its live messages: `since`, its cursor,
+//!   `snapshot`) and its sweep (aged history, idle topics forgotten) are modules of their own.
 //! - [`outbox`]: a connection's bounded outbound queue, where slow-consumer policies act.
 //! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 //! - [`policy`]: the slow-consumer policies and their configured defaults.
