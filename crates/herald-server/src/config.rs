@@ -85,10 +85,10 @@ const ENV_KEYS: &[&str] = &[
     "transparent_huge_pages",
 ];
 
-/// Keys of the `[auth]` and `[tls]` sections that `HERALD_*` variables may set, as (variable
-/// name after `HERALD_`, key path): keys and certificates usually reach a container as mounted
-/// files named by environment variables (`HERALD_AUTH_HS256_SECRET_FILE=/run/secrets/herald`),
-/// with no config file to write.
+/// Keys of the `[auth]`, `[tls]` and `[nats]` sections that `HERALD_*` variables may set, as
+/// (variable name after `HERALD_`, key path): keys and certificates usually reach a container
+/// as mounted files named by environment variables
+/// (`HERALD_AUTH_HS256_SECRET_FILE=/run/secrets/herald`), with no config file to write.
 const NESTED_ENV_KEYS: &[(&str, &str)] = &[
     ("auth_hs256_secret_file", "auth.hs256_secret_file"),
     ("auth_rs256_public_key_file", "auth.rs256_public_key_file"),
@@ -98,6 +98,7 @@ const NESTED_ENV_KEYS: &[(&str, &str)] = &[
     ("auth_admin_api_key_file", "auth.admin_api_key_file"),
     ("tls_cert_file", "tls.cert_file"),
     ("tls_key_file", "tls.key_file"),
+    ("nats_cluster_key_file", "nats.cluster_key_file"),
 ];
 
 /// The `HERALD_*` variables for [`NESTED_ENV_KEYS`], mapped to their key paths (figment nests

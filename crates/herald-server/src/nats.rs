@@ -21,27 +21,38 @@
 //! announce their topics' positions so that quiet topics' holes are found too. The wire format
 //! (headers, chunks, announcements) is in `carried.rs`.
 
-use crate::carried::{Carried, Outgoing, Reassembly, CHUNK, HEADER_ROOM};
+use crate::carried::{self, Carried, ClusterKey, Outgoing, Reassembly, Reject, CHUNK, HEADER_ROOM};
 use crate::jetstream::DurableHistory;
+use crate::metrics::Reason;
 use crate::node::{now_us, Node};
 use anyhow::{bail, Context};
 use async_nats::connection::State;
-use async_nats::{Client, ConnectOptions, Event, Message};
+use async_nats::{Client, ConnectOptions, Event, HeaderMap, Message};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Unanswered};
 use herald_core::wire::{Publish, Request, Subscribe};
 use herald_core::{subject, topic};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+
+/// The envelope of what nodes carry (see `carried.rs`), for the fuzz target and tests.
+pub mod envelope {
+    pub use crate::carried::{
+        open, Added, Carried, Chunk, ClusterKey, Reassembly, Reject, MAX_PARTIALS, MIN_PART,
+        PARTIAL_BUDGET,
+    };
+}
 
 /// How often a node announces itself on `<prefix>.nodes`; nodes unheard for three periods are
 /// no longer counted.
@@ -62,6 +73,10 @@ pub struct NatsConfig {
     pub jetstream: bool,
     /// The stream's total size bound: past it, JetStream drops the oldest messages.
     pub jetstream_max_bytes: u64,
+    /// File holding the cluster's shared secret (at least 32 bytes): nodes sign what they send
+    /// to NATS with it and drop what is not signed with it. All nodes need the same file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_key_file: Option<PathBuf>,
 }
 
 impl Default for NatsConfig {
@@ -72,6 +87,7 @@ impl Default for NatsConfig {
             max_pending_bytes: 64 << 20,
             jetstream: false,
             jetstream_max_bytes: 1 << 30,
+            cluster_key_file: None,
         }
     }
 }
@@ -120,6 +136,7 @@ struct ClusterMetrics {
     jetstream_available: Gauge,
     recalled: Counter,
     recall_failures: Counter,
+    rejected: Family<Reason, Counter>,
 }
 
 impl ClusterMetrics {
@@ -200,6 +217,100 @@ impl ClusterMetrics {
             "Recoveries answered from memory alone because JetStream failed or was unavailable",
             self.recall_failures.clone(),
         );
+        for reason in Reject::ALL {
+            // Listed at 0 from the start, so that a first refusal shows as a change.
+            let _ = self.rejected.get_or_create(&Reason {
+                reason: reason.label(),
+            });
+        }
+        r.register(
+            "rejected",
+            "Messages read from NATS and dropped: not herald's, unsigned or badly signed, or sizes that do not add up",
+            self.rejected.clone(),
+        );
+    }
+}
+
+/// How often a refused NATS message is logged at most; the others are counted, and the next
+/// log line says how many there were.
+const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The checks on what a node reads from NATS ([`carried::open`]), with the cluster key once
+/// loaded, counting and logging (at most every [`REJECT_LOG_EVERY`]) what they refuse.
+pub struct Gate {
+    key: OnceLock<Option<ClusterKey>>,
+    metrics: Arc<ClusterMetrics>,
+    logged: parking_lot::Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+}
+
+impl Gate {
+    fn new(metrics: Arc<ClusterMetrics>) -> Gate {
+        Gate {
+            key: OnceLock::new(),
+            metrics,
+            logged: parking_lot::Mutex::new(None),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
+    fn key(&self) -> Option<&ClusterKey> {
+        self.key.get().and_then(Option::as_ref)
+    }
+
+    /// Signs a message about to be sent, when the cluster key is set.
+    fn seal(&self, subject: &str, headers: &mut HeaderMap, payload: &[u8]) {
+        if let Some(key) = self.key() {
+            key.sign(subject, headers, payload);
+        }
+    }
+
+    /// Decodes a message read from NATS; `None` (counted, logged) when it is refused.
+    pub fn open(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+    ) -> Option<Carried> {
+        carried::open(subject, headers, payload, self.key())
+            .map_err(|reason| self.reject(reason, subject))
+            .ok()
+    }
+
+    /// Checks a heartbeat's signature, when the cluster key is set.
+    fn verify(&self, subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> bool {
+        match self.key().map(|k| k.verify(subject, headers, payload)) {
+            Some(Err(reason)) => {
+                self.reject(reason, subject);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Counts a refused message, and logs it unless one was logged in the last
+    /// [`REJECT_LOG_EVERY`].
+    pub fn reject(&self, reason: Reject, subject: &str) {
+        self.metrics
+            .rejected
+            .get_or_create(&Reason {
+                reason: reason.label(),
+            })
+            .inc();
+        let mut logged = self.logged.lock();
+        if logged.is_some_and(|at| at.elapsed() < REJECT_LOG_EVERY) {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        *logged = Some(Instant::now());
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            reason = reason.label(),
+            subject = %subject.chars().take(200).collect::<String>(),
+            unlogged,
+            "dropped a message from NATS that no herald node of this cluster sent \
+             (herald_cluster_rejected_total; `unlogged` counts those since the last such line)"
+        );
     }
 }
 
@@ -250,6 +361,8 @@ pub struct NatsBroker {
     uncarried: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
     /// Rings when the other nodes should hear this node's positions: a node (re)joined NATS.
     announce: Arc<Notify>,
+    /// Checks (and with the cluster key, signs) what crosses NATS.
+    gate: Arc<Gate>,
 }
 
 impl NatsBroker {
@@ -268,7 +381,6 @@ impl NatsBroker {
                 .then(|| Arc::new(DurableHistory::new(&config, history))),
             config,
             node_id: format!("{:016x}", rand::random::<u64>()),
-            metrics,
             pending: Arc::default(),
             out,
             interest,
@@ -277,6 +389,8 @@ impl NatsBroker {
             client: OnceLock::new(),
             uncarried: Arc::default(),
             announce: Arc::default(),
+            gate: Arc::new(Gate::new(metrics.clone())),
+            metrics,
         }
     }
 
@@ -344,7 +458,12 @@ impl NatsBroker {
                 Some(history) if !unanswered.is_empty() => {
                     reads += 1;
                     history
-                        .recall(&pattern, &unanswered, node.config.max_message_bytes)
+                        .recall(
+                            &pattern,
+                            &unanswered,
+                            node.config.max_message_bytes,
+                            &self.gate,
+                        )
                         .await
                 }
                 _ => Ok(Vec::new()),
@@ -437,16 +556,16 @@ impl NatsBroker {
         })
     }
 
-    /// Connects (in the background: herald serves its own clients while NATS is away) and
-    /// starts the tasks that carry messages both ways. They hold the node weakly and end with it.
-    pub async fn start(&self, node: &Arc<Node>) -> anyhow::Result<()> {
-        let Some((out_rx, interest_rx)) = self.receivers.lock().take() else {
-            bail!("the NATS broker is already started");
-        };
-        let metrics = self.metrics.clone();
-        let announce = self.announce.clone();
-        let history = self.history.clone();
-        let options = ConnectOptions::new()
+    /// How this node connects to NATS: its name, no echo, reconnecting for ever (from the
+    /// first connection on: herald serves alone meanwhile), and the events that drive the
+    /// metrics.
+    fn options(&self) -> ConnectOptions {
+        let (metrics, announce, history) = (
+            self.metrics.clone(),
+            self.announce.clone(),
+            self.history.clone(),
+        );
+        ConnectOptions::new()
             .name(format!("herald {}", self.node_id))
             .no_echo()
             .retry_on_initial_connect()
@@ -478,8 +597,22 @@ impl NatsBroker {
                         other => tracing::warn!(event = %other, "NATS"),
                     }
                 }
-            });
-        let client = options
+            })
+    }
+
+    /// Connects (in the background: herald serves its own clients while NATS is away) and
+    /// starts the tasks that carry messages both ways. They hold the node weakly and end with it.
+    pub async fn start(&self, node: &Arc<Node>) -> anyhow::Result<()> {
+        let Some((out_rx, interest_rx)) = self.receivers.lock().take() else {
+            bail!("the NATS broker is already started");
+        };
+        let key = match &self.config.cluster_key_file {
+            Some(path) => Some(ClusterKey::from_file(path)?),
+            None => None,
+        };
+        let _ = self.gate.key.set(key);
+        let client = self
+            .options()
             .connect(self.config.url.as_str())
             .await
             .with_context(|| format!("cannot use NATS at {}", self.config.url))?;
@@ -493,12 +626,14 @@ impl NatsBroker {
             Uncarried {
                 origin: self.node_id.clone(),
                 positions: self.uncarried.clone(),
+                gate: self.gate.clone(),
             },
         ));
         let inbound = Arc::new(Inbound {
             node: weak.clone(),
             topics: self.topics.clone(),
             metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
             partial: parking_lot::Mutex::default(),
         });
         tokio::spawn(follow_interest(
@@ -528,6 +663,7 @@ impl NatsBroker {
             self.node_id.clone(),
             self.metrics.clone(),
             self.announce.clone(),
+            self.gate.clone(),
         ));
         Ok(())
     }
@@ -541,13 +677,15 @@ const FLUSH_EVERY: usize = 1 << 20;
 struct Uncarried {
     origin: String,
     positions: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
+    gate: Arc<Gate>,
 }
 
 impl Uncarried {
     async fn announce(&self, client: &Client) {
         let positions: Vec<_> = self.positions.lock().drain().collect();
         for (subject, (epoch, seq)) in positions {
-            let m = Outgoing::mark(&self.origin, subject, &epoch, seq);
+            let mut m = Outgoing::mark(&self.origin, subject, &epoch, seq);
+            self.gate.seal(&m.subject, &mut m.headers, &m.payload);
             if let Err(e) = client
                 .publish_with_headers(m.subject, m.headers, m.payload)
                 .await
@@ -592,6 +730,7 @@ async fn carry_out(
                 headers.insert(CHUNK, format!("{i}/{count}").as_str());
             }
             let part = m.payload.slice(i * chunk..((i + 1) * chunk).min(size));
+            uncarried.gate.seal(&m.subject, &mut headers, &part);
             if let Err(e) = client
                 .publish_with_headers(m.subject.clone(), headers, part)
                 .await
@@ -749,11 +888,13 @@ async fn announce_positions(
     }
 }
 
-/// Receives other nodes' messages: reassembles chunks, hands whole messages to the engine.
+/// Receives other nodes' messages: checks them ([`Gate::open`]), reassembles chunks, hands
+/// whole messages to the engine.
 struct Inbound {
     node: Weak<Node>,
     topics: String,
     metrics: Arc<ClusterMetrics>,
+    gate: Arc<Gate>,
     partial: parking_lot::Mutex<Reassembly>,
 }
 
@@ -762,11 +903,15 @@ impl Inbound {
         let Some(node) = self.node.upgrade() else {
             return;
         };
-        let Some(carried) = Carried::from_headers(message.headers.as_ref()) else {
-            tracing::debug!(subject = %message.subject, "ignoring a NATS message without herald headers");
+        let subject = message.subject.as_str();
+        let Some(carried) = self
+            .gate
+            .open(subject, message.headers.as_ref(), &message.payload)
+        else {
             return;
         };
-        let Some(topic) = subject::to_topic(&self.topics, &message.subject) else {
+        let Some(topic) = subject::to_topic(&self.topics, subject) else {
+            self.gate.reject(Reject::Malformed, subject);
             return;
         };
         if carried.mark {
@@ -777,21 +922,22 @@ impl Inbound {
             self.metrics.missed.inc_by(missed);
             return;
         }
-        let payload = match &carried.chunk {
+        let payload = match carried.chunk {
             None => message.payload,
             Some(chunk) => {
-                let (whole, discarded) = self.partial.lock().add(
+                let added = self.partial.lock().add(
                     &carried.origin,
-                    &message.subject,
+                    subject,
                     carried.seq,
                     chunk,
                     &message.payload,
                     node.config.max_message_bytes,
                 );
-                if discarded {
-                    self.metrics.incomplete.inc();
+                self.metrics.incomplete.inc_by(added.discarded);
+                if let Some(reason) = added.rejected {
+                    self.gate.reject(reason, subject);
                 }
-                let Some(whole) = whole else {
+                let Some(whole) = added.whole else {
                     return;
                 };
                 whole
@@ -807,6 +953,9 @@ impl Inbound {
     }
 }
 
+/// Nodes a heartbeat listener keeps track of at most (forged heartbeats cannot grow it).
+const MAX_NODES: usize = 1024;
+
 /// Announces this node every [`HEARTBEAT`] (its id and how many times it connected) and counts
 /// the nodes heard recently. A node heard after it reconnected rings `announce`: it may have
 /// missed this node's messages. (Announcements are kept in the JetStream stream like messages,
@@ -817,6 +966,7 @@ async fn heartbeat(
     node_id: String,
     metrics: Arc<ClusterMetrics>,
     announce: Arc<Notify>,
+    gate: Arc<Gate>,
 ) {
     let subject = format!("{prefix}.nodes");
     let mut sub = loop {
@@ -830,14 +980,30 @@ async fn heartbeat(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let me = format!("{node_id} {}", metrics.connects.get());
-                let _ = client.publish(subject.clone(), Bytes::from(me)).await;
+                let me = Bytes::from(format!("{node_id} {}", metrics.connects.get()));
+                let mut headers = HeaderMap::new();
+                gate.seal(&subject, &mut headers, &me);
+                let _ = if headers.is_empty() {
+                    client.publish(subject.clone(), me).await
+                } else {
+                    client.publish_with_headers(subject.clone(), headers, me).await
+                };
                 seen.retain(|_, (_, at)| at.elapsed() < HEARTBEAT * 3);
                 metrics.nodes_seen.set(seen.len() as i64 + 1);
             }
             Some(message) = sub.next() => {
+                if !gate.verify(&subject, message.headers.as_ref(), &message.payload) {
+                    continue;
+                }
                 let text = String::from_utf8_lossy(&message.payload);
                 let (id, connects) = text.split_once(' ').unwrap_or((&text, ""));
+                if id.len() > 64 || connects.len() > 20 {
+                    gate.reject(Reject::Malformed, &subject);
+                    continue;
+                }
+                if !seen.contains_key(id) && seen.len() >= MAX_NODES {
+                    continue;
+                }
                 let before = seen.insert(id.to_owned(), (connects.to_owned(), Instant::now()));
                 // A node on its first connection holds nothing to fill in; a node that
                 // reconnected may have missed what was published meanwhile.

@@ -98,11 +98,16 @@ struct NatsOverrides {
     #[arg(long = "nats-jetstream")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     jetstream: bool,
+    /// Sign what this node sends to NATS and drop what is not signed, with the shared secret
+    /// in this file (nats.cluster_key_file; see docs/cluster.md)
+    #[arg(long = "nats-cluster-key-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_key_file: Option<PathBuf>,
 }
 
 impl NatsOverrides {
     fn is_empty(&self) -> bool {
-        self.url.is_none() && !self.jetstream
+        self.url.is_none() && !self.jetstream && self.cluster_key_file.is_none()
     }
 }
 

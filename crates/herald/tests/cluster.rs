@@ -951,3 +951,161 @@ async fn a_network_cut_between_a_node_and_nats_stops_nothing_local_and_loses_not
     assert_eq!(b.metric("herald_cluster_missed_total"), 0);
     assert_eq!(a.metric("herald_cluster_missed_total"), 0);
 }
+
+/// A plain NATS client (the text protocol over TCP, no herald code), as anyone allowed to
+/// publish on the NATS account could run: publishes `payload` with `headers` on `subject`,
+/// then waits for the server to have processed it. `connect` adds fields to `CONNECT` (e.g.
+/// credentials).
+fn inject(nats: &Nats, connect: &str, subject: &str, headers: &[(&str, &str)], payload: &[u8]) {
+    let mut tcp = TcpStream::connect((nats.host.as_str(), nats.port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(tcp.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    assert!(info.starts_with("INFO "), "{info}");
+    let mut head = String::from("NATS/1.0\r\n");
+    for (name, value) in headers {
+        head += &format!("{name}: {value}\r\n");
+    }
+    head += "\r\n";
+    let mut out = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true{connect}}}\r\n\
+         HPUB {subject} {} {}\r\n{head}",
+        head.len(),
+        head.len() + payload.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\nPING\r\n");
+    tcp.write_all(&out).unwrap();
+    let mut reply = String::new();
+    reader.read_line(&mut reply).unwrap();
+    assert!(reply.starts_with("PONG"), "NATS answered {reply:?}");
+}
+
+/// Headers that make a NATS message look like one herald node's message to the others.
+fn forged<'a>(seq: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        ("Herald-Origin", "f0f0f0f0f0f0f0f0"),
+        ("Herald-Epoch", "0123456789ab"),
+        ("Herald-Seq", seq),
+    ];
+    headers.extend_from_slice(extra);
+    headers
+}
+
+/// Two nodes with a subscriber of `t/x` on B, and one message from A that reached it.
+fn forgery_target(nats: &Nats, extra: &[&str], on_b: usize) -> (Node, Node, Sub) {
+    let (a, b) = (Node::start(nats, extra), Node::start(nats, extra));
+    let sub = b.sub("t/x", on_b);
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_subscriptions") == 1 && b.metric("herald_cluster_remote_interest") == 1
+    });
+    a.publish("t/x", b"before");
+    wait_for("B to receive", 10, || {
+        b.metric("herald_cluster_messages_in_total") == 1
+    });
+    (a, b, sub)
+}
+
+#[test]
+fn a_forged_chunk_header_is_dropped_and_counted_and_the_node_keeps_delivering() {
+    let nats = Nats::start_with(false);
+    let (a, mut b, on_b) = forgery_target(&nats, &[], 2);
+    // A 4 KiB first part of a message announced as 10^12 parts (4 PB): once sized with
+    // `part * n` before any check, an abort (`memory allocation failed`).
+    let huge = forged("2", &[("Herald-Chunk", "0/1000000000000")]);
+    inject(&nats, "", "herald.t.t.x", &huge, &[7; 4096]);
+    // `part * n` overflows usize.
+    let overflow = forged("3", &[("Herald-Chunk", "0/18446744073709551615")]);
+    inject(&nats, "", "herald.t.t.x", &overflow, &[7; 4096]);
+    // A part index past the count; a count of zero; not numbers; a first part too small.
+    for chunk in ["3/2", "0/0", "-1/2", "0/2/3", "0/+2"] {
+        let headers = forged("3", &[("Herald-Chunk", chunk)]);
+        inject(&nats, "", "herald.t.t.x", &headers, &[7; 4096]);
+    }
+    // Header values that are no number, and a position announcement carrying a payload.
+    inject(&nats, "", "herald.t.t.x", &forged("-1", &[]), b"x");
+    inject(&nats, "", "herald.t.t.x", &forged("0", &[]), b"x");
+    let mark = forged("9", &[("Herald-Kind", "mark")]);
+    inject(&nats, "", "herald.t.t.x", &mark, b"x");
+    let stamp = forged("4", &[("Herald-Stamp", "soon")]);
+    inject(&nats, "", "herald.t.t.x", &stamp, b"x");
+    let small = forged("5", &[("Herald-Chunk", "0/2")]);
+    inject(&nats, "", "herald.t.t.x", &small, &[7; 1024]);
+    wait_for("the forged messages to be counted", 10, || {
+        b.metric("herald_cluster_rejected_total{reason=\"too_large\"}") == 2
+            && b.metric("herald_cluster_rejected_total{reason=\"chunk\"}") == 6
+            && b.metric("herald_cluster_rejected_total{reason=\"malformed\"}") == 4
+    });
+    assert!(b.child.try_wait().unwrap().is_none(), "B is alive");
+    a.publish("t/x", b"after");
+    let (got, _) = finish(on_b, 10);
+    let got: Vec<_> = got.iter().map(data).collect();
+    assert_eq!(got, [b"before".to_vec(), b"after".to_vec()]);
+    assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
+}
+
+/// A file in `nats`'s directory holding `text`; its path.
+fn file_in(nats: &Nats, name: &str, text: &str) -> String {
+    std::fs::create_dir_all(&nats.dir).unwrap();
+    let path = nats.dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn with_a_cluster_key_only_what_nodes_signed_reaches_subscribers() {
+    let nats = Nats::start_with(false);
+    // Without a key, NATS is the trust boundary: whoever may publish on herald's subjects
+    // reaches every node's subscribers as if a node had sent it.
+    {
+        let (_a, b, on_b) = forgery_target(&nats, &[], 2);
+        inject(&nats, "", "herald.t.t.x", &forged("1", &[]), b"forged");
+        let (got, _) = finish(on_b, 10);
+        assert_eq!(
+            got.iter().map(data).collect::<Vec<_>>(),
+            [&b"before"[..], b"forged"]
+        );
+        assert_eq!(
+            b.metric("herald_cluster_rejected_total{reason=\"unsigned\"}"),
+            0
+        );
+    }
+    let key = file_in(
+        &nats,
+        "cluster.key",
+        "a-shared-secret-of-32-bytes-or-more\n",
+    );
+    let (a, b, on_b) = forgery_target(&nats, &["--nats-cluster-key-file", &key], 2);
+    wait_for("B to hear A's signed heartbeats", 10, || {
+        b.metric("herald_cluster_nodes_seen") == 2
+    });
+    inject(&nats, "", "herald.t.t.x", &forged("1", &[]), b"forged");
+    let bad = [("Herald-Signature", "00".repeat(32))];
+    let bad: Vec<_> = bad.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    inject(&nats, "", "herald.t.t.x", &forged("2", &bad), b"forged");
+    // A forged heartbeat: it would make every node announce all its topics.
+    inject(&nats, "", "herald.nodes", &[], b"f0f0f0f0f0f0f0f0 7");
+    wait_for("the forgeries to be counted", 10, || {
+        b.metric("herald_cluster_rejected_total{reason=\"unsigned\"}") == 2
+            && b.metric("herald_cluster_rejected_total{reason=\"bad_signature\"}") == 1
+    });
+    // The forged node is not counted (the gauge is refreshed every second).
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(b.metric("herald_cluster_nodes_seen"), 2);
+    // A node with another key is not part of the cluster.
+    let other = file_in(&nats, "other.key", "another-secret-of-32-bytes-or-more\n");
+    let c = Node::start(&nats, &["--nats-cluster-key-file", &other]);
+    c.publish("t/x", b"other cluster");
+    wait_for("C's message to be refused", 10, || {
+        b.metric("herald_cluster_rejected_total{reason=\"bad_signature\"}") >= 2
+    });
+    a.publish("t/x", b"after");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(
+        got.iter().map(data).collect::<Vec<_>>(),
+        [&b"before"[..], b"after"]
+    );
+    assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
+}
