@@ -27,7 +27,7 @@ use crate::metrics::Reason;
 use crate::node::{now_us, Node};
 use anyhow::{bail, Context};
 use async_nats::connection::State;
-use async_nats::{Client, ConnectOptions, Event, HeaderMap, Message};
+use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, HeaderMap, Message};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Unanswered};
@@ -39,7 +39,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -73,6 +73,33 @@ pub struct NatsConfig {
     pub jetstream: bool,
     /// The stream's total size bound: past it, JetStream drops the oldest messages.
     pub jetstream_max_bytes: u64,
+    /// NATS user name; with `password_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// File holding the NATS user's password (a trailing newline ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// File holding a NATS authentication token (a trailing newline ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// File holding a NATS user's NKey seed (`SU…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A NATS credentials file (user JWT and NKey seed, as `nsc` writes them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
+    /// PEM CA certificates that sign the NATS server's certificate (instead of the system's
+    /// roots); implies `tls_required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to NATS (with `tls_key_file`); implies `tls_required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Refuse to talk to NATS without TLS.
+    pub tls_required: bool,
     /// File holding the cluster's shared secret (at least 32 bytes): nodes sign what they send
     /// to NATS with it and drop what is not signed with it. All nodes need the same file.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,6 +114,15 @@ impl Default for NatsConfig {
             max_pending_bytes: 64 << 20,
             jetstream: false,
             jetstream_max_bytes: 1 << 30,
+            user: None,
+            password_file: None,
+            token_file: None,
+            nkey_seed_file: None,
+            credentials_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_required: false,
             cluster_key_file: None,
         }
     }
@@ -114,8 +150,73 @@ impl NatsConfig {
         if self.jetstream && self.jetstream_max_bytes == 0 {
             bail!("[nats] jetstream_max_bytes must be greater than zero");
         }
+        if self.user.is_some() != self.password_file.is_some() {
+            bail!("[nats] user and password_file go together");
+        }
+        let methods = [
+            self.user.is_some(),
+            self.token_file.is_some(),
+            self.nkey_seed_file.is_some(),
+            self.credentials_file.is_some(),
+        ];
+        if methods.into_iter().filter(|m| *m).count() > 1 {
+            bail!("[nats] takes one way to authenticate: user and password_file, token_file, nkey_seed_file or credentials_file");
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            bail!("[nats] tls_cert_file and tls_key_file go together");
+        }
         Ok(())
     }
+
+    /// Whether herald insists on TLS to NATS: asked for, or implied by a TLS file.
+    pub fn requires_tls(&self) -> bool {
+        self.tls_required || self.tls_ca_file.is_some() || self.tls_cert_file.is_some()
+    }
+}
+
+/// `urls` with any `user:password@` replaced, for logs and errors.
+pub fn redacted(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let host_from = url.find("://").map_or(0, |i| i + 3);
+            match url[host_from..].rfind('@') {
+                Some(at) => format!("{}***@{}", &url[..host_from], &url[host_from + at + 1..]),
+                None => url.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether a connection failed in the TLS handshake (reported by the NATS client as an I/O
+/// error around rustls's): a certificate not trusted, a client certificate refused…
+fn tls_refused(e: &async_nats::ConnectError) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = next {
+        let inner = match error.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+            None => Some(error),
+        };
+        if inner.is_some_and(|e| e.is::<rustls::Error>()) {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
+/// A secret kept in a file: its text, a trailing newline ignored. The error names the file,
+/// never its content.
+fn secret_file(key: &str, path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read [nats] {key} {}", path.display()))?;
+    let secret = text.trim_end_matches(['\r', '\n']);
+    if secret.is_empty() {
+        bail!("[nats] {key} {} is empty", path.display());
+    }
+    Ok(secret.to_owned())
 }
 
 /// Cluster metrics, registered beside the node's own.
@@ -556,19 +657,19 @@ impl NatsBroker {
         })
     }
 
-    /// How this node connects to NATS: its name, no echo, reconnecting for ever (from the
-    /// first connection on: herald serves alone meanwhile), and the events that drive the
-    /// metrics.
-    fn options(&self) -> ConnectOptions {
+    /// How this node connects to NATS: its name, no echo, reconnecting for ever, the
+    /// configured credentials and TLS, and the events that drive the metrics. `retry`: the
+    /// first connection too is retried in the background.
+    async fn options(&self, retry: bool) -> anyhow::Result<ConnectOptions> {
+        let config = &self.config;
         let (metrics, announce, history) = (
             self.metrics.clone(),
             self.announce.clone(),
             self.history.clone(),
         );
-        ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .name(format!("herald {}", self.node_id))
             .no_echo()
-            .retry_on_initial_connect()
             .max_reconnects(None)
             .reconnect_delay_callback(|attempt| {
                 Duration::from_millis((100 * attempt as u64).min(2000))
@@ -594,10 +695,37 @@ impl NatsBroker {
                             tracing::warn!("disconnected from NATS; reconnecting");
                             metrics.connected.set(0);
                         }
+                        Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+                            tracing::error!("NATS refused herald's credentials; retrying");
+                        }
                         other => tracing::warn!(event = %other, "NATS"),
                     }
                 }
-            })
+            });
+        if retry {
+            options = options.retry_on_initial_connect();
+        }
+        if let (Some(user), Some(path)) = (&config.user, &config.password_file) {
+            options = options.user_and_password(user.clone(), secret_file("password_file", path)?);
+        }
+        if let Some(path) = &config.token_file {
+            options = options.token(secret_file("token_file", path)?);
+        }
+        if let Some(path) = &config.nkey_seed_file {
+            options = options.nkey(secret_file("nkey_seed_file", path)?);
+        }
+        if let Some(path) = &config.credentials_file {
+            options = options.credentials_file(path).await.with_context(|| {
+                format!("cannot read [nats] credentials_file {}", path.display())
+            })?;
+        }
+        if let Some(path) = &config.tls_ca_file {
+            options = options.add_root_certificates(path.clone());
+        }
+        if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        Ok(options.require_tls(config.requires_tls()))
     }
 
     /// Connects (in the background: herald serves its own clients while NATS is away) and
@@ -611,11 +739,34 @@ impl NatsBroker {
             None => None,
         };
         let _ = self.gate.key.set(key);
-        let client = self
-            .options()
-            .connect(self.config.url.as_str())
-            .await
-            .with_context(|| format!("cannot use NATS at {}", self.config.url))?;
+        let url = redacted(&self.config.url);
+        // One attempt first: credentials or TLS that NATS refuses are a configuration error,
+        // reported at once; NATS not reachable yet is not (herald serves alone meanwhile).
+        let client = match self.options(false).await?.connect(self.config.url.as_str()).await {
+            Ok(client) => client,
+            Err(e) if tls_refused(&e) => bail!(
+                "cannot reach NATS at {url} over TLS ({e}); check [nats] tls_ca_file, tls_cert_file, tls_key_file and tls_required"
+            ),
+            Err(e) => match e.kind() {
+                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                    bail!(
+                        "NATS at {url} refused herald's credentials ({e}); check [nats] user and password_file, token_file, nkey_seed_file or credentials_file"
+                    )
+                }
+                ConnectErrorKind::Tls => bail!(
+                    "cannot reach NATS at {url} over TLS ({e}); check [nats] tls_ca_file, tls_cert_file, tls_key_file and tls_required"
+                ),
+                ConnectErrorKind::ServerParse => bail!("[nats] url {url:?} is not a NATS URL"),
+                _ => {
+                    tracing::warn!(%url, error = %e, "NATS is not reachable yet; retrying in the background");
+                    self.options(true)
+                        .await?
+                        .connect(self.config.url.as_str())
+                        .await
+                        .with_context(|| format!("cannot use NATS at {url}"))?
+                }
+            },
+        };
         let _ = self.client.set(client.clone());
         let weak = Arc::downgrade(node);
         tokio::spawn(carry_out(

@@ -54,6 +54,8 @@ struct Nats {
     port: u16,
     dir: PathBuf,
     jetstream: bool,
+    /// A configuration file (`-c`): authorization, TLS.
+    config: Option<PathBuf>,
 }
 
 impl Nats {
@@ -74,6 +76,26 @@ impl Nats {
             port: free_port(),
             dir,
             jetstream,
+            config: None,
+        };
+        nats.restart();
+        nats
+    }
+
+    /// A `nats-server` with this configuration file's text (`@DIR@` in it: the server's own
+    /// temporary directory).
+    fn start_configured(config: &str) -> Nats {
+        let dir = std::env::temp_dir().join(format!("herald-nats-{}", free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("nats.conf");
+        std::fs::write(&file, config.replace("@DIR@", dir.to_str().unwrap())).unwrap();
+        let mut nats = Nats {
+            child: Command::new("true").spawn().unwrap(),
+            host: "127.0.0.1".into(),
+            port: free_port(),
+            dir,
+            jetstream: false,
+            config: Some(file),
         };
         nats.restart();
         nats
@@ -84,6 +106,9 @@ impl Nats {
         command.args(["-a", &self.host, "-p", &self.port.to_string()]);
         if self.jetstream {
             command.arg("-js").arg("-sd").arg(&self.dir);
+        }
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
         }
         self.child = command
             .stdout(Stdio::null())
@@ -129,6 +154,15 @@ impl Node {
     /// `herald serve --nats` on the host, or inside `netns` (listening on its address there,
     /// reaching NATS through the namespace's own link).
     fn start_in(netns: Option<&Netns>, nats: &Nats, extra: &[&str]) -> Node {
+        Node::launch(netns, nats, extra, &[])
+    }
+
+    /// `herald serve --nats` with these `HERALD_*` variables.
+    fn start_env(nats: &Nats, env: &[(&str, &str)]) -> Node {
+        Node::launch(None, nats, &[], env)
+    }
+
+    fn launch(netns: Option<&Netns>, nats: &Nats, extra: &[&str], env: &[(&str, &str)]) -> Node {
         let host = netns.map_or("127.0.0.1".to_owned(), |n| n.ip(Netns::HTTP, 2));
         let nats_url = netns.map_or(nats.url(), |n| {
             format!("nats://{}:{}", n.ip(Netns::NATS, 1), nats.port)
@@ -142,6 +176,7 @@ impl Node {
             .args(["serve", "--listen", &format!("{host}:{port}")])
             .args(["--nats", &nats_url])
             .args(extra)
+            .envs(env.iter().copied())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -1046,12 +1081,239 @@ fn a_forged_chunk_header_is_dropped_and_counted_and_the_node_keeps_delivering() 
     assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
 }
 
+/// `herald serve` with these arguments, expected to give up: its exit status and standard
+/// error (bounded: killed after 15 s).
+fn serve_refused(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(HERALD)
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}
+
 /// A file in `nats`'s directory holding `text`; its path.
 fn file_in(nats: &Nats, name: &str, text: &str) -> String {
     std::fs::create_dir_all(&nats.dir).unwrap();
     let path = nats.dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
+}
+
+#[test]
+fn herald_authenticates_to_nats_with_a_password_or_a_token_and_says_so_when_refused() {
+    let nats =
+        Nats::start_configured("authorization { user: herald, password: \"pw-right-5a1\" }\n");
+    let url = nats.url();
+    let right = file_in(&nats, "right", "pw-right-5a1\n");
+    let wrong = file_in(&nats, "wrong", "pw-wrong-7c3\n");
+    let a = Node::start(
+        &nats,
+        &["--nats-user", "herald", "--nats-password-file", &right],
+    );
+    // The same with the section from the environment, as in a container.
+    let b = Node::start_env(
+        &nats,
+        &[
+            ("HERALD_NATS_USER", "herald"),
+            ("HERALD_NATS_PASSWORD_FILE", &right),
+        ],
+    );
+    let on_b = b.sub("t", 1);
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_cluster_remote_interest") == 1
+    });
+    a.publish("t", b"authenticated");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(got.iter().map(data).collect::<Vec<_>>(), [b"authenticated"]);
+
+    let (status, err) = serve_refused(&[
+        "--nats",
+        &url,
+        "--nats-user",
+        "herald",
+        "--nats-password-file",
+        &wrong,
+    ]);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("refused herald's credentials"), "{err}");
+    assert!(
+        !err.contains("pw-wrong") && !err.contains("pw-right"),
+        "{err}"
+    );
+    let (status, err) = serve_refused(&["--nats", &url]);
+    assert!(
+        !status.success() && err.contains("refused herald's credentials"),
+        "{err}"
+    );
+    // Credentials in the URL work too, and are never shown.
+    let in_url = format!("nats://herald:pw-wrong-7c3@127.0.0.1:{}", nats.port);
+    let (status, err) = serve_refused(&["--nats", &in_url]);
+    assert!(!status.success() && err.contains("***@127.0.0.1"), "{err}");
+    assert!(!err.contains("pw-wrong"), "{err}");
+    drop((a, b));
+
+    let nats = Nats::start_configured("authorization { token: \"tok-right-9e2\" }\n");
+    let token = file_in(&nats, "token", "tok-right-9e2\n");
+    let wrong = file_in(&nats, "wrong", "tok-wrong-4d8");
+    Node::start(&nats, &["--nats-token-file", &token]);
+    let (status, err) = serve_refused(&["--nats", &nats.url(), "--nats-token-file", &wrong]);
+    assert!(
+        !status.success() && err.contains("refused herald's credentials"),
+        "{err}"
+    );
+    assert!(!err.contains("tok-"), "{err}");
+}
+
+/// Runs openssl; panics with its output when it fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA in `dir` (`ca.pem`), and certificates it signed: `server.pem` for 127.0.0.1,
+/// `client.pem` for a client (each with its `.key`).
+fn private_ca(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"],
+            &ec[..],
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=herald test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat(),
+    );
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        (
+            "client",
+            "subjectAltName=DNS:herald-node\nextendedKeyUsage=clientAuth\n",
+        ),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        let (key, csr, pem, extfile) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        openssl(
+            dir,
+            &[
+                &["req"],
+                &ec[..],
+                &[
+                    "-keyout",
+                    &key,
+                    "-out",
+                    &csr,
+                    "-subj",
+                    &format!("/CN={name}"),
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                "2",
+                "-days",
+                "2",
+                "-out",
+                &pem,
+                "-extfile",
+                &extfile,
+            ],
+        );
+    }
+}
+
+#[test]
+fn herald_reaches_nats_over_tls_with_a_private_ca_and_a_client_certificate() {
+    let dir = std::env::temp_dir().join(format!("herald-nats-ca-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    private_ca(&dir);
+    let at = |f: &str| dir.join(f).display().to_string();
+    let nats = Nats::start_configured(&format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true, timeout: 2 }}\n",
+        at("server.pem"),
+        at("server.key"),
+        at("ca.pem")
+    ));
+    let tls = [
+        "--nats-tls-ca-file",
+        &at("ca.pem"),
+        "--nats-tls-cert-file",
+        &at("client.pem"),
+        "--nats-tls-key-file",
+        &at("client.key"),
+    ];
+    let (a, b) = (Node::start(&nats, &tls), Node::start(&nats, &tls));
+    let on_b = b.sub("t", 1);
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_cluster_remote_interest") == 1
+    });
+    a.publish("t", b"over TLS");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(got.iter().map(data).collect::<Vec<_>>(), [b"over TLS"]);
+    // Without the private CA, the server's certificate is not trusted: a clear error.
+    let (status, err) = serve_refused(&["--nats", &nats.url(), "--nats-tls-required"]);
+    assert!(!status.success() && err.contains("over TLS"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -1101,6 +1363,48 @@ fn with_a_cluster_key_only_what_nodes_signed_reaches_subscribers() {
     wait_for("C's message to be refused", 10, || {
         b.metric("herald_cluster_rejected_total{reason=\"bad_signature\"}") >= 2
     });
+    a.publish("t/x", b"after");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(
+        got.iter().map(data).collect::<Vec<_>>(),
+        [&b"before"[..], b"after"]
+    );
+    assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
+}
+
+#[test]
+fn an_account_of_its_own_keeps_herald_subjects_to_herald_nodes() {
+    // The lock-down docs/cluster.md gives: herald's user in an account of its own, with only
+    // the permissions herald needs (JetStream included); everyone else in another account.
+    let nats = Nats::start_configured(
+        r#"
+        accounts {
+          HERALD: {
+            jetstream: enabled
+            users: [ { user: herald, password: "pw-herald-31"
+                       permissions: { publish: ["herald.>", "$JS.API.>"]
+                                      subscribe: ["herald.>", "_INBOX.>"] } } ]
+          }
+          APPS: { users: [ { user: app, password: "pw-app-72" } ] }
+        }
+        jetstream { store_dir: "@DIR@" }
+        "#,
+    );
+    let password = file_in(&nats, "password", "pw-herald-31");
+    let herald = [
+        "--nats-user",
+        "herald",
+        "--nats-password-file",
+        &password,
+        "--nats-jetstream",
+    ];
+    let (a, b, on_b) = forgery_target(&nats, &herald, 2);
+    wait_for("JetStream within herald's permissions", 10, || {
+        a.metric("herald_cluster_jetstream_available") == 1
+    });
+    // Another NATS user publishes on herald's subject: it lands in its own account.
+    let app = r#","user":"app","pass":"pw-app-72""#;
+    inject(&nats, app, "herald.t.t.x", &forged("1", &[]), b"forged");
     a.publish("t/x", b"after");
     let (got, _) = finish(on_b, 10);
     assert_eq!(
