@@ -668,8 +668,34 @@ async fn a_client_moving_to_a_node_that_never_followed_the_topic_recovers_from_j
 /// value travelled in chunks.
 #[tokio::test]
 async fn a_snapshot_on_a_node_that_never_followed_the_topics_comes_from_jetstream() {
+    snapshot_from_jetstream(false).await;
+}
+
+/// The same with a cluster key: what JetStream stored is checked as it is read back, and a
+/// forgery stored there is left out.
+#[tokio::test]
+async fn with_a_cluster_key_what_jetstream_gives_back_is_checked_too() {
+    snapshot_from_jetstream(true).await;
+}
+
+async fn snapshot_from_jetstream(signed: bool) {
     let nats = Nats::start();
-    let (a, b) = (jetstream_node(&nats, &[]), jetstream_node(&nats, &[]));
+    let key = signed.then(|| file_in(&nats, "cluster.key", &"k".repeat(40)));
+    let extra: Vec<&str> = match &key {
+        Some(key) => vec!["--nats-cluster-key-file", key],
+        None => vec![],
+    };
+    let (a, b) = (jetstream_node(&nats, &extra), jetstream_node(&nats, &extra));
+    if signed {
+        // Stored by JetStream like any message on herald's subjects; ordered before cfg/img.
+        inject(
+            &nats,
+            "",
+            "herald.t.cfg.forged",
+            &forged("1", &[]),
+            b"forged",
+        );
+    }
     a.publish("cfg/a", b"old");
     a.publish("cfg/a", b"new");
     let image = noise(5 << 19, 11); // 2.5 MiB: three chunks
@@ -693,6 +719,10 @@ async fn a_snapshot_on_a_node_that_never_followed_the_topics_comes_from_jetstrea
     assert_eq!(got[2]["bytes"], image.len());
     assert_eq!(got[2]["payload_hash"], hash(&image));
     silent(&mut ws, 300).await;
+    if signed {
+        // Counted once per read (the last message, then the topic's whole history).
+        assert!(b.metric("herald_cluster_rejected_total{reason=\"unsigned\"}") >= 1);
+    }
 
     // One exact topic, on a fresh connection.
     let mut ws = ws_request(
