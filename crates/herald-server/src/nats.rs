@@ -20,6 +20,13 @@
 //! read from JetStream when configured ([`crate::jetstream`]). After an outage, origins
 //! announce their topics' positions so that quiet topics' holes are found too. The wire format
 //! (headers, chunks, announcements) is in `carried.rs`.
+//!
+//! Whoever may publish on the NATS account can send a node anything, so everything a node reads
+//! from NATS passes [`Gate`]: checked by `carried::open` and dropped (counted, logged at most
+//! every 10 s) when it is not what a node writes, or, with `[nats] cluster_key_file`, when it
+//! is not signed with the cluster's key. The connection authenticates and encrypts as `[nats]`
+//! says (user/password, token, NKey, credentials file, TLS); secrets are read from files and
+//! never logged.
 
 use crate::carried::{self, Carried, ClusterKey, Outgoing, Reassembly, Reject, CHUNK, HEADER_ROOM};
 use crate::jetstream::DurableHistory;
@@ -1167,5 +1174,34 @@ async fn heartbeat(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_all_counted_and_logged_at_most_once_per_interval() {
+        let gate = Gate::new(Arc::default());
+        for _ in 0..100 {
+            gate.reject(Reject::Chunk, "herald.t.x");
+        }
+        let counted = gate
+            .metrics
+            .rejected
+            .get_or_create(&Reason { reason: "chunk" })
+            .get();
+        assert_eq!(counted, 100);
+        // One line logged; the 99 others wait to be reported by the next one.
+        assert_eq!(gate.unlogged.load(Ordering::Relaxed), 99);
+    }
+
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        assert_eq!(
+            redacted("nats://herald:s3cret@10.0.0.5:4222,tls://tok@n2:4222,n3:4222"),
+            "nats://***@10.0.0.5:4222,tls://***@n2:4222,n3:4222"
+        );
     }
 }
