@@ -1209,6 +1209,25 @@ fn herald_authenticates_to_nats_with_a_password_or_a_token_and_says_so_when_refu
     assert!(!err.contains("tok-"), "{err}");
 }
 
+#[test]
+fn herald_authenticates_to_nats_with_an_nkey() {
+    let (user, stranger) = (nkeys::KeyPair::new_user(), nkeys::KeyPair::new_user());
+    let nats = Nats::start_configured(&format!(
+        "authorization {{ users: [ {{ nkey: \"{}\" }} ] }}\n",
+        user.public_key()
+    ));
+    let seed = file_in(&nats, "seed", &format!("{}\n", user.seed().unwrap()));
+    let node = Node::start(&nats, &["--nats-nkey-seed-file", &seed]);
+    assert_eq!(node.metric("herald_cluster_nats_connected"), 1);
+    let other = file_in(&nats, "other", &stranger.seed().unwrap());
+    let (status, err) = serve_refused(&["--nats", &nats.url(), "--nats-nkey-seed-file", &other]);
+    assert!(
+        !status.success() && err.contains("refused herald's credentials"),
+        "{err}"
+    );
+    assert!(!err.contains(&stranger.seed().unwrap()), "{err}");
+}
+
 /// Runs openssl; panics with its output when it fails.
 fn openssl(dir: &std::path::Path, args: &[&str]) {
     let out = Command::new("openssl")
