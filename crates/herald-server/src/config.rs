@@ -112,10 +112,10 @@ const ENV_KEYS: &[&str] = &[
     "transparent_huge_pages",
 ];
 
-/// Keys of the `[auth]` and `[tls]` sections that `HERALD_*` variables may set, as (variable
-/// name after `HERALD_`, key path): keys and certificates usually reach a container as mounted
-/// files named by environment variables (`HERALD_AUTH_HS256_SECRET_FILE=/run/secrets/herald`),
-/// with no config file to write.
+/// Keys of the `[auth]`, `[tls]` and `[nats]` sections that `HERALD_*` variables may set, as
+/// (variable name after `HERALD_`, key path): keys and certificates usually reach a container
+/// as mounted files named by environment variables
+/// (`HERALD_AUTH_HS256_SECRET_FILE=/run/secrets/herald`), with no config file to write.
 const NESTED_ENV_KEYS: &[(&str, &str)] = &[
     ("auth_hs256_secret_file", "auth.hs256_secret_file"),
     ("auth_rs256_public_key_file", "auth.rs256_public_key_file"),
@@ -125,6 +125,17 @@ const NESTED_ENV_KEYS: &[(&str, &str)] = &[
     ("auth_admin_api_key_file", "auth.admin_api_key_file"),
     ("tls_cert_file", "tls.cert_file"),
     ("tls_key_file", "tls.key_file"),
+    ("nats_url", "nats.url"),
+    ("nats_user", "nats.user"),
+    ("nats_password_file", "nats.password_file"),
+    ("nats_token_file", "nats.token_file"),
+    ("nats_nkey_seed_file", "nats.nkey_seed_file"),
+    ("nats_credentials_file", "nats.credentials_file"),
+    ("nats_tls_ca_file", "nats.tls_ca_file"),
+    ("nats_tls_cert_file", "nats.tls_cert_file"),
+    ("nats_tls_key_file", "nats.tls_key_file"),
+    ("nats_tls_required", "nats.tls_required"),
+    ("nats_cluster_key_file", "nats.cluster_key_file"),
 ];
 
 /// The `HERALD_*` variables for [`NESTED_ENV_KEYS`], mapped to their key paths (figment nests
@@ -326,6 +337,59 @@ mod tests {
                 Config::load(Some(Path::new("bad.toml")), serde_json::json!({})).unwrap_err()
             );
             assert!(err.contains("\"a b\""), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn nats_security_comes_from_toml_environment_and_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "c.toml",
+                "[nats]\nurl = \"tls://10.0.0.5:4222\"\nuser = \"herald\"\npassword_file = \"/toml/pw\"\ntls_required = true",
+            )?;
+            jail.set_env("HERALD_NATS_PASSWORD_FILE", "/env/pw");
+            jail.set_env("HERALD_NATS_TLS_CA_FILE", "/env/ca.pem");
+            jail.set_env("HERALD_NATS_CLUSTER_KEY_FILE", "/env/cluster.key");
+            let flags = serde_json::json!({ "nats": { "tls_ca_file": "/flag/ca.pem" } });
+            let c = Config::load(Some(Path::new("c.toml")), flags).unwrap();
+            let nats = c.nats.unwrap();
+            let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().display().to_string();
+            assert_eq!(nats.user.as_deref(), Some("herald"));
+            assert_eq!(path(&nats.password_file), "/env/pw", "env over TOML");
+            assert_eq!(path(&nats.tls_ca_file), "/flag/ca.pem", "flag over env");
+            assert_eq!(path(&nats.cluster_key_file), "/env/cluster.key");
+            assert!(nats.tls_required && nats.requires_tls());
+            // Two ways to authenticate, half a pair: refused with the keys named.
+            jail.set_env("HERALD_NATS_TOKEN_FILE", "/env/token");
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("c.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("one way to authenticate"), "{err}");
+            Ok(())
+        });
+        // The whole section from the environment, as in a container.
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HERALD_NATS_URL", "nats://127.0.0.1:4222");
+            jail.set_env("HERALD_NATS_TOKEN_FILE", "/env/token");
+            jail.set_env("HERALD_NATS_TLS_REQUIRED", "true");
+            let nats = Config::load(None, serde_json::json!({}))
+                .unwrap()
+                .nats
+                .unwrap();
+            assert_eq!(nats.url, "nats://127.0.0.1:4222");
+            assert_eq!(nats.token_file.unwrap().display().to_string(), "/env/token");
+            assert!(nats.tls_required);
+            jail.create_file(
+                "half.toml",
+                "[nats]\nurl = \"nats://x\"\ntls_cert_file = \"/c.pem\"",
+            )?;
+            let err = format!(
+                "{:#}",
+                Config::load(Some(Path::new("half.toml")), serde_json::json!({})).unwrap_err()
+            );
+            assert!(err.contains("tls_cert_file and tls_key_file"), "{err}");
             Ok(())
         });
     }

@@ -15,8 +15,8 @@
 //!
 //! [`Engine::unanswered`]: herald_core::engine::Engine::unanswered
 
-use crate::carried::{Carried, Reassembly};
-use crate::nats::NatsConfig;
+use crate::carried::Reassembly;
+use crate::nats::{Gate, NatsConfig};
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::StreamMessage, stream};
 use async_nats::Client;
@@ -116,12 +116,15 @@ impl DurableHistory {
     /// Reads what `unanswered` names of a subscription to `pattern`: each `since` topic's
     /// history, and for a snapshot the last message of every stored topic the pattern
     /// matches (or of the one topic it names). Fails when JetStream is unavailable or does not
-    /// answer within [`TIMEOUT`]; then the caller answers from memory, gaps and all.
+    /// answer within [`TIMEOUT`]; then the caller answers from memory, gaps and all. What the
+    /// stream holds passes `gate` like live messages: anyone who may publish on the NATS
+    /// account may have stored something there.
     pub async fn recall(
         &self,
         pattern: &str,
         unanswered: &Unanswered,
         max_message_bytes: usize,
+        gate: &Gate,
     ) -> anyhow::Result<Vec<TopicHistory>> {
         let stream = self
             .stream
@@ -131,14 +134,19 @@ impl DurableHistory {
         let read = async {
             let mut found = Vec::new();
             for topic in &unanswered.since {
-                found.extend(self.read_topic(&stream, topic, max_message_bytes).await?);
+                found.extend(
+                    self.read_topic(&stream, topic, max_message_bytes, gate)
+                        .await?,
+                );
             }
             if unanswered.snapshot {
                 for topic in self.stored_topics(&stream, pattern).await? {
                     if unanswered.since.contains(&topic) {
                         continue;
                     }
-                    let last = self.read_last(&stream, &topic, max_message_bytes).await?;
+                    let last = self
+                        .read_last(&stream, &topic, max_message_bytes, gate)
+                        .await?;
                     found.extend(last);
                 }
             }
@@ -183,16 +191,20 @@ impl DurableHistory {
         stream: &stream::Stream<()>,
         topic: &str,
         max_message_bytes: usize,
+        gate: &Gate,
     ) -> anyhow::Result<Option<TopicHistory>> {
         let subject = subject::to_subject(&self.topics, topic);
         let Some(last) = found(stream.direct_get_last_for_subject(&subject).await)? else {
             return Ok(None);
         };
-        let whole = Carried::from_headers(Some(&last.headers))
+        let whole = gate
+            .open(&subject, Some(&last.headers), &last.payload)
             .filter(|c| c.chunk.is_none() && !c.mark)
             .map(|c| (c, last.payload.clone(), at_us(&last)));
         let Some((carried, payload, at)) = whole else {
-            let all = self.read_topic(stream, topic, max_message_bytes).await?;
+            let all = self
+                .read_topic(stream, topic, max_message_bytes, gate)
+                .await?;
             return Ok(all.map(|(t, epoch, mut messages)| {
                 let last = messages.split_off(messages.len().saturating_sub(1));
                 (t, epoch, last)
@@ -208,6 +220,7 @@ impl DurableHistory {
         stream: &stream::Stream<()>,
         topic: &str,
         max_message_bytes: usize,
+        gate: &Gate,
     ) -> anyhow::Result<Option<TopicHistory>> {
         let subject = subject::to_subject(&self.topics, topic);
         let mut reassembly = Reassembly::default();
@@ -219,25 +232,30 @@ impl DurableHistory {
             };
             let message = StreamMessage::try_from(m.message)?;
             next = Some(message.sequence + 1);
-            let Some(carried) = Carried::from_headers(Some(&message.headers)) else {
+            let Some(carried) = gate.open(&subject, Some(&message.headers), &message.payload)
+            else {
                 continue;
             };
             if carried.mark {
                 continue;
             }
-            let payload = match &carried.chunk {
+            let payload = match carried.chunk {
                 None => message.payload.clone(),
                 Some(chunk) => {
-                    match reassembly.add(
+                    let added = reassembly.add(
                         &carried.origin,
                         &subject,
                         carried.seq,
                         chunk,
                         &message.payload,
                         max_message_bytes,
-                    ) {
-                        (Some(payload), _) => payload,
-                        (None, _) => continue,
+                    );
+                    if let Some(reason) = added.rejected {
+                        gate.reject(reason, &subject);
+                    }
+                    match added.whole {
+                        Some(payload) => payload,
+                        None => continue,
                     }
                 }
             };

@@ -20,28 +20,46 @@
 //! read from JetStream when configured ([`crate::jetstream`]). After an outage, origins
 //! announce their topics' positions so that quiet topics' holes are found too. The wire format
 //! (headers, chunks, announcements) is in `carried.rs`.
+//!
+//! Whoever may publish on the NATS account can send a node anything, so everything a node reads
+//! from NATS passes [`Gate`]: checked by `carried::open` and dropped (counted, logged at most
+//! every 10 s) when it is not what a node writes, or, with `[nats] cluster_key_file`, when it
+//! is not signed with the cluster's key. The connection authenticates and encrypts as `[nats]`
+//! says (user/password, token, NKey, credentials file, TLS); secrets are read from files and
+//! never logged.
 
-use crate::carried::{Carried, Outgoing, Reassembly, CHUNK, HEADER_ROOM};
+use crate::carried::{self, Carried, ClusterKey, Outgoing, Reassembly, Reject, CHUNK, HEADER_ROOM};
 use crate::jetstream::DurableHistory;
+use crate::metrics::Reason;
 use crate::node::{now_us, Node};
 use anyhow::{bail, Context};
 use async_nats::connection::State;
-use async_nats::{Client, ConnectOptions, Event, Message};
+use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, HeaderMap, Message};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Unanswered};
 use herald_core::wire::{Publish, Request, Subscribe};
 use herald_core::{subject, topic};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+
+/// The envelope of what nodes carry (see `carried.rs`), for the fuzz target and tests.
+pub mod envelope {
+    pub use crate::carried::{
+        open, Added, Carried, Chunk, ClusterKey, Reassembly, Reject, MAX_PARTIALS, MIN_PART,
+        PARTIAL_BUDGET,
+    };
+}
 
 /// How often a node announces itself on `<prefix>.nodes`; nodes unheard for three periods are
 /// no longer counted.
@@ -62,6 +80,37 @@ pub struct NatsConfig {
     pub jetstream: bool,
     /// The stream's total size bound: past it, JetStream drops the oldest messages.
     pub jetstream_max_bytes: u64,
+    /// NATS user name; with `password_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// File holding the NATS user's password (a trailing newline ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// File holding a NATS authentication token (a trailing newline ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// File holding a NATS user's NKey seed (`SU…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A NATS credentials file (user JWT and NKey seed, as `nsc` writes them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
+    /// PEM CA certificates that sign the NATS server's certificate (instead of the system's
+    /// roots); implies `tls_required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to NATS (with `tls_key_file`); implies `tls_required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Refuse to talk to NATS without TLS.
+    pub tls_required: bool,
+    /// File holding the cluster's shared secret (at least 32 bytes): nodes sign what they send
+    /// to NATS with it and drop what is not signed with it. All nodes need the same file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_key_file: Option<PathBuf>,
 }
 
 impl Default for NatsConfig {
@@ -72,6 +121,16 @@ impl Default for NatsConfig {
             max_pending_bytes: 64 << 20,
             jetstream: false,
             jetstream_max_bytes: 1 << 30,
+            user: None,
+            password_file: None,
+            token_file: None,
+            nkey_seed_file: None,
+            credentials_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_required: false,
+            cluster_key_file: None,
         }
     }
 }
@@ -98,8 +157,73 @@ impl NatsConfig {
         if self.jetstream && self.jetstream_max_bytes == 0 {
             bail!("[nats] jetstream_max_bytes must be greater than zero");
         }
+        if self.user.is_some() != self.password_file.is_some() {
+            bail!("[nats] user and password_file go together");
+        }
+        let methods = [
+            self.user.is_some(),
+            self.token_file.is_some(),
+            self.nkey_seed_file.is_some(),
+            self.credentials_file.is_some(),
+        ];
+        if methods.into_iter().filter(|m| *m).count() > 1 {
+            bail!("[nats] takes one way to authenticate: user and password_file, token_file, nkey_seed_file or credentials_file");
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            bail!("[nats] tls_cert_file and tls_key_file go together");
+        }
         Ok(())
     }
+
+    /// Whether herald insists on TLS to NATS: asked for, or implied by a TLS file.
+    pub fn requires_tls(&self) -> bool {
+        self.tls_required || self.tls_ca_file.is_some() || self.tls_cert_file.is_some()
+    }
+}
+
+/// `urls` with any `user:password@` replaced, for logs and errors.
+pub fn redacted(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let host_from = url.find("://").map_or(0, |i| i + 3);
+            match url[host_from..].rfind('@') {
+                Some(at) => format!("{}***@{}", &url[..host_from], &url[host_from + at + 1..]),
+                None => url.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether a connection failed in the TLS handshake (reported by the NATS client as an I/O
+/// error around rustls's): a certificate not trusted, a client certificate refused…
+fn tls_refused(e: &async_nats::ConnectError) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = next {
+        let inner = match error.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+            None => Some(error),
+        };
+        if inner.is_some_and(|e| e.is::<rustls::Error>()) {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
+/// A secret kept in a file: its text, a trailing newline ignored. The error names the file,
+/// never its content.
+fn secret_file(key: &str, path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read [nats] {key} {}", path.display()))?;
+    let secret = text.trim_end_matches(['\r', '\n']);
+    if secret.is_empty() {
+        bail!("[nats] {key} {} is empty", path.display());
+    }
+    Ok(secret.to_owned())
 }
 
 /// Cluster metrics, registered beside the node's own.
@@ -120,6 +244,7 @@ struct ClusterMetrics {
     jetstream_available: Gauge,
     recalled: Counter,
     recall_failures: Counter,
+    rejected: Family<Reason, Counter>,
 }
 
 impl ClusterMetrics {
@@ -200,6 +325,100 @@ impl ClusterMetrics {
             "Recoveries answered from memory alone because JetStream failed or was unavailable",
             self.recall_failures.clone(),
         );
+        for reason in Reject::ALL {
+            // Listed at 0 from the start, so that a first refusal shows as a change.
+            let _ = self.rejected.get_or_create(&Reason {
+                reason: reason.label(),
+            });
+        }
+        r.register(
+            "rejected",
+            "Messages read from NATS and dropped: not herald's, unsigned or badly signed, or sizes that do not add up",
+            self.rejected.clone(),
+        );
+    }
+}
+
+/// How often a refused NATS message is logged at most; the others are counted, and the next
+/// log line says how many there were.
+const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The checks on what a node reads from NATS ([`carried::open`]), with the cluster key once
+/// loaded, counting and logging (at most every [`REJECT_LOG_EVERY`]) what they refuse.
+pub struct Gate {
+    key: OnceLock<Option<ClusterKey>>,
+    metrics: Arc<ClusterMetrics>,
+    logged: parking_lot::Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+}
+
+impl Gate {
+    fn new(metrics: Arc<ClusterMetrics>) -> Gate {
+        Gate {
+            key: OnceLock::new(),
+            metrics,
+            logged: parking_lot::Mutex::new(None),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
+    fn key(&self) -> Option<&ClusterKey> {
+        self.key.get().and_then(Option::as_ref)
+    }
+
+    /// Signs a message about to be sent, when the cluster key is set.
+    fn seal(&self, subject: &str, headers: &mut HeaderMap, payload: &[u8]) {
+        if let Some(key) = self.key() {
+            key.sign(subject, headers, payload);
+        }
+    }
+
+    /// Decodes a message read from NATS; `None` (counted, logged) when it is refused.
+    pub fn open(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+    ) -> Option<Carried> {
+        carried::open(subject, headers, payload, self.key())
+            .map_err(|reason| self.reject(reason, subject))
+            .ok()
+    }
+
+    /// Checks a heartbeat's signature, when the cluster key is set.
+    fn verify(&self, subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> bool {
+        match self.key().map(|k| k.verify(subject, headers, payload)) {
+            Some(Err(reason)) => {
+                self.reject(reason, subject);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Counts a refused message, and logs it unless one was logged in the last
+    /// [`REJECT_LOG_EVERY`].
+    pub fn reject(&self, reason: Reject, subject: &str) {
+        self.metrics
+            .rejected
+            .get_or_create(&Reason {
+                reason: reason.label(),
+            })
+            .inc();
+        let mut logged = self.logged.lock();
+        if logged.is_some_and(|at| at.elapsed() < REJECT_LOG_EVERY) {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        *logged = Some(Instant::now());
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            reason = reason.label(),
+            subject = %subject.chars().take(200).collect::<String>(),
+            unlogged,
+            "dropped a message from NATS that no herald node of this cluster sent \
+             (herald_cluster_rejected_total; `unlogged` counts those since the last such line)"
+        );
     }
 }
 
@@ -250,6 +469,8 @@ pub struct NatsBroker {
     uncarried: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
     /// Rings when the other nodes should hear this node's positions: a node (re)joined NATS.
     announce: Arc<Notify>,
+    /// Checks (and with the cluster key, signs) what crosses NATS.
+    gate: Arc<Gate>,
 }
 
 impl NatsBroker {
@@ -268,7 +489,6 @@ impl NatsBroker {
                 .then(|| Arc::new(DurableHistory::new(&config, history))),
             config,
             node_id: format!("{:016x}", rand::random::<u64>()),
-            metrics,
             pending: Arc::default(),
             out,
             interest,
@@ -277,6 +497,8 @@ impl NatsBroker {
             client: OnceLock::new(),
             uncarried: Arc::default(),
             announce: Arc::default(),
+            gate: Arc::new(Gate::new(metrics.clone())),
+            metrics,
         }
     }
 
@@ -344,7 +566,12 @@ impl NatsBroker {
                 Some(history) if !unanswered.is_empty() => {
                     reads += 1;
                     history
-                        .recall(&pattern, &unanswered, node.config.max_message_bytes)
+                        .recall(
+                            &pattern,
+                            &unanswered,
+                            node.config.max_message_bytes,
+                            &self.gate,
+                        )
                         .await
                 }
                 _ => Ok(Vec::new()),
@@ -437,19 +664,19 @@ impl NatsBroker {
         })
     }
 
-    /// Connects (in the background: herald serves its own clients while NATS is away) and
-    /// starts the tasks that carry messages both ways. They hold the node weakly and end with it.
-    pub async fn start(&self, node: &Arc<Node>) -> anyhow::Result<()> {
-        let Some((out_rx, interest_rx)) = self.receivers.lock().take() else {
-            bail!("the NATS broker is already started");
-        };
-        let metrics = self.metrics.clone();
-        let announce = self.announce.clone();
-        let history = self.history.clone();
-        let options = ConnectOptions::new()
+    /// How this node connects to NATS: its name, no echo, reconnecting for ever, the
+    /// configured credentials and TLS, and the events that drive the metrics. `retry`: the
+    /// first connection too is retried in the background.
+    async fn options(&self, retry: bool) -> anyhow::Result<ConnectOptions> {
+        let config = &self.config;
+        let (metrics, announce, history) = (
+            self.metrics.clone(),
+            self.announce.clone(),
+            self.history.clone(),
+        );
+        let mut options = ConnectOptions::new()
             .name(format!("herald {}", self.node_id))
             .no_echo()
-            .retry_on_initial_connect()
             .max_reconnects(None)
             .reconnect_delay_callback(|attempt| {
                 Duration::from_millis((100 * attempt as u64).min(2000))
@@ -475,14 +702,78 @@ impl NatsBroker {
                             tracing::warn!("disconnected from NATS; reconnecting");
                             metrics.connected.set(0);
                         }
+                        Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+                            tracing::error!("NATS refused herald's credentials; retrying");
+                        }
                         other => tracing::warn!(event = %other, "NATS"),
                     }
                 }
             });
-        let client = options
-            .connect(self.config.url.as_str())
-            .await
-            .with_context(|| format!("cannot use NATS at {}", self.config.url))?;
+        if retry {
+            options = options.retry_on_initial_connect();
+        }
+        if let (Some(user), Some(path)) = (&config.user, &config.password_file) {
+            options = options.user_and_password(user.clone(), secret_file("password_file", path)?);
+        }
+        if let Some(path) = &config.token_file {
+            options = options.token(secret_file("token_file", path)?);
+        }
+        if let Some(path) = &config.nkey_seed_file {
+            options = options.nkey(secret_file("nkey_seed_file", path)?);
+        }
+        if let Some(path) = &config.credentials_file {
+            options = options.credentials_file(path).await.with_context(|| {
+                format!("cannot read [nats] credentials_file {}", path.display())
+            })?;
+        }
+        if let Some(path) = &config.tls_ca_file {
+            options = options.add_root_certificates(path.clone());
+        }
+        if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        Ok(options.require_tls(config.requires_tls()))
+    }
+
+    /// Connects (in the background: herald serves its own clients while NATS is away) and
+    /// starts the tasks that carry messages both ways. They hold the node weakly and end with it.
+    pub async fn start(&self, node: &Arc<Node>) -> anyhow::Result<()> {
+        let Some((out_rx, interest_rx)) = self.receivers.lock().take() else {
+            bail!("the NATS broker is already started");
+        };
+        let key = match &self.config.cluster_key_file {
+            Some(path) => Some(ClusterKey::from_file(path)?),
+            None => None,
+        };
+        let _ = self.gate.key.set(key);
+        let url = redacted(&self.config.url);
+        // One attempt first: credentials or TLS that NATS refuses are a configuration error,
+        // reported at once; NATS not reachable yet is not (herald serves alone meanwhile).
+        let client = match self.options(false).await?.connect(self.config.url.as_str()).await {
+            Ok(client) => client,
+            Err(e) if tls_refused(&e) => bail!(
+                "cannot reach NATS at {url} over TLS ({e}); check [nats] tls_ca_file, tls_cert_file, tls_key_file and tls_required"
+            ),
+            Err(e) => match e.kind() {
+                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                    bail!(
+                        "NATS at {url} refused herald's credentials ({e}); check [nats] user and password_file, token_file, nkey_seed_file or credentials_file"
+                    )
+                }
+                ConnectErrorKind::Tls => bail!(
+                    "cannot reach NATS at {url} over TLS ({e}); check [nats] tls_ca_file, tls_cert_file, tls_key_file and tls_required"
+                ),
+                ConnectErrorKind::ServerParse => bail!("[nats] url {url:?} is not a NATS URL"),
+                _ => {
+                    tracing::warn!(%url, error = %e, "NATS is not reachable yet; retrying in the background");
+                    self.options(true)
+                        .await?
+                        .connect(self.config.url.as_str())
+                        .await
+                        .with_context(|| format!("cannot use NATS at {url}"))?
+                }
+            },
+        };
         let _ = self.client.set(client.clone());
         let weak = Arc::downgrade(node);
         tokio::spawn(carry_out(
@@ -493,12 +784,14 @@ impl NatsBroker {
             Uncarried {
                 origin: self.node_id.clone(),
                 positions: self.uncarried.clone(),
+                gate: self.gate.clone(),
             },
         ));
         let inbound = Arc::new(Inbound {
             node: weak.clone(),
             topics: self.topics.clone(),
             metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
             partial: parking_lot::Mutex::default(),
         });
         tokio::spawn(follow_interest(
@@ -528,6 +821,7 @@ impl NatsBroker {
             self.node_id.clone(),
             self.metrics.clone(),
             self.announce.clone(),
+            self.gate.clone(),
         ));
         Ok(())
     }
@@ -541,13 +835,15 @@ const FLUSH_EVERY: usize = 1 << 20;
 struct Uncarried {
     origin: String,
     positions: Arc<parking_lot::Mutex<HashMap<String, (String, u64)>>>,
+    gate: Arc<Gate>,
 }
 
 impl Uncarried {
     async fn announce(&self, client: &Client) {
         let positions: Vec<_> = self.positions.lock().drain().collect();
         for (subject, (epoch, seq)) in positions {
-            let m = Outgoing::mark(&self.origin, subject, &epoch, seq);
+            let mut m = Outgoing::mark(&self.origin, subject, &epoch, seq);
+            self.gate.seal(&m.subject, &mut m.headers, &m.payload);
             if let Err(e) = client
                 .publish_with_headers(m.subject, m.headers, m.payload)
                 .await
@@ -592,6 +888,7 @@ async fn carry_out(
                 headers.insert(CHUNK, format!("{i}/{count}").as_str());
             }
             let part = m.payload.slice(i * chunk..((i + 1) * chunk).min(size));
+            uncarried.gate.seal(&m.subject, &mut headers, &part);
             if let Err(e) = client
                 .publish_with_headers(m.subject.clone(), headers, part)
                 .await
@@ -749,11 +1046,13 @@ async fn announce_positions(
     }
 }
 
-/// Receives other nodes' messages: reassembles chunks, hands whole messages to the engine.
+/// Receives other nodes' messages: checks them ([`Gate::open`]), reassembles chunks, hands
+/// whole messages to the engine.
 struct Inbound {
     node: Weak<Node>,
     topics: String,
     metrics: Arc<ClusterMetrics>,
+    gate: Arc<Gate>,
     partial: parking_lot::Mutex<Reassembly>,
 }
 
@@ -762,11 +1061,15 @@ impl Inbound {
         let Some(node) = self.node.upgrade() else {
             return;
         };
-        let Some(carried) = Carried::from_headers(message.headers.as_ref()) else {
-            tracing::debug!(subject = %message.subject, "ignoring a NATS message without herald headers");
+        let subject = message.subject.as_str();
+        let Some(carried) = self
+            .gate
+            .open(subject, message.headers.as_ref(), &message.payload)
+        else {
             return;
         };
-        let Some(topic) = subject::to_topic(&self.topics, &message.subject) else {
+        let Some(topic) = subject::to_topic(&self.topics, subject) else {
+            self.gate.reject(Reject::Malformed, subject);
             return;
         };
         if carried.mark {
@@ -777,21 +1080,22 @@ impl Inbound {
             self.metrics.missed.inc_by(missed);
             return;
         }
-        let payload = match &carried.chunk {
+        let payload = match carried.chunk {
             None => message.payload,
             Some(chunk) => {
-                let (whole, discarded) = self.partial.lock().add(
+                let added = self.partial.lock().add(
                     &carried.origin,
-                    &message.subject,
+                    subject,
                     carried.seq,
                     chunk,
                     &message.payload,
                     node.config.max_message_bytes,
                 );
-                if discarded {
-                    self.metrics.incomplete.inc();
+                self.metrics.incomplete.inc_by(added.discarded);
+                if let Some(reason) = added.rejected {
+                    self.gate.reject(reason, subject);
                 }
-                let Some(whole) = whole else {
+                let Some(whole) = added.whole else {
                     return;
                 };
                 whole
@@ -807,6 +1111,9 @@ impl Inbound {
     }
 }
 
+/// Nodes a heartbeat listener keeps track of at most (forged heartbeats cannot grow it).
+const MAX_NODES: usize = 1024;
+
 /// Announces this node every [`HEARTBEAT`] (its id and how many times it connected) and counts
 /// the nodes heard recently. A node heard after it reconnected rings `announce`: it may have
 /// missed this node's messages. (Announcements are kept in the JetStream stream like messages,
@@ -817,6 +1124,7 @@ async fn heartbeat(
     node_id: String,
     metrics: Arc<ClusterMetrics>,
     announce: Arc<Notify>,
+    gate: Arc<Gate>,
 ) {
     let subject = format!("{prefix}.nodes");
     let mut sub = loop {
@@ -830,14 +1138,30 @@ async fn heartbeat(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let me = format!("{node_id} {}", metrics.connects.get());
-                let _ = client.publish(subject.clone(), Bytes::from(me)).await;
+                let me = Bytes::from(format!("{node_id} {}", metrics.connects.get()));
+                let mut headers = HeaderMap::new();
+                gate.seal(&subject, &mut headers, &me);
+                let _ = if headers.is_empty() {
+                    client.publish(subject.clone(), me).await
+                } else {
+                    client.publish_with_headers(subject.clone(), headers, me).await
+                };
                 seen.retain(|_, (_, at)| at.elapsed() < HEARTBEAT * 3);
                 metrics.nodes_seen.set(seen.len() as i64 + 1);
             }
             Some(message) = sub.next() => {
+                if !gate.verify(&subject, message.headers.as_ref(), &message.payload) {
+                    continue;
+                }
                 let text = String::from_utf8_lossy(&message.payload);
                 let (id, connects) = text.split_once(' ').unwrap_or((&text, ""));
+                if id.len() > 64 || connects.len() > 20 {
+                    gate.reject(Reject::Malformed, &subject);
+                    continue;
+                }
+                if !seen.contains_key(id) && seen.len() >= MAX_NODES {
+                    continue;
+                }
                 let before = seen.insert(id.to_owned(), (connects.to_owned(), Instant::now()));
                 // A node on its first connection holds nothing to fill in; a node that
                 // reconnected may have missed what was published meanwhile.
@@ -850,5 +1174,34 @@ async fn heartbeat(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_all_counted_and_logged_at_most_once_per_interval() {
+        let gate = Gate::new(Arc::default());
+        for _ in 0..100 {
+            gate.reject(Reject::Chunk, "herald.t.x");
+        }
+        let counted = gate
+            .metrics
+            .rejected
+            .get_or_create(&Reason { reason: "chunk" })
+            .get();
+        assert_eq!(counted, 100);
+        // One line logged; the 99 others wait to be reported by the next one.
+        assert_eq!(gate.unlogged.load(Ordering::Relaxed), 99);
+    }
+
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        assert_eq!(
+            redacted("nats://herald:s3cret@10.0.0.5:4222,tls://tok@n2:4222,n3:4222"),
+            "nats://***@10.0.0.5:4222,tls://***@n2:4222,n3:4222"
+        );
     }
 }

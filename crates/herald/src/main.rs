@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a herald node (in memory, on 127.0.0.1:8080 unless configured otherwise)
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Publish messages to a topic
     Pub(publish::PubArgs),
     /// Subscribe to topics or patterns and print what arrives
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("cannot start the async runtime");
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Pub(args) => publish::run(args).await,
             Command::Sub(args) => subscribe::run(args).await,
             Command::Token(args) => token::run(args),

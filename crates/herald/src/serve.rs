@@ -112,11 +112,71 @@ struct NatsOverrides {
     #[arg(long = "nats-jetstream")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     jetstream: bool,
+    /// NATS user name, with --nats-password-file (nats.user)
+    #[arg(long = "nats-user", value_name = "NAME", requires = "password_file")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<String>,
+    /// File holding the NATS user's password (nats.password_file)
+    #[arg(long = "nats-password-file", value_name = "FILE", requires = "user")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password_file: Option<PathBuf>,
+    /// File holding a NATS token (nats.token_file)
+    #[arg(long = "nats-token-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_file: Option<PathBuf>,
+    /// File holding a NATS NKey seed (nats.nkey_seed_file)
+    #[arg(long = "nats-nkey-seed-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nkey_seed_file: Option<PathBuf>,
+    /// A NATS credentials file, JWT and NKey seed (nats.credentials_file)
+    #[arg(long = "nats-credentials-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    credentials_file: Option<PathBuf>,
+    /// PEM CA certificates for the NATS server's certificate; implies TLS (nats.tls_ca_file)
+    #[arg(long = "nats-tls-ca-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for NATS, with --nats-tls-key-file (nats.tls_cert_file)
+    #[arg(
+        long = "nats-tls-cert-file",
+        value_name = "FILE",
+        requires = "tls_key_file"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert_file: Option<PathBuf>,
+    /// The NATS client certificate's PEM private key (nats.tls_key_file)
+    #[arg(
+        long = "nats-tls-key-file",
+        value_name = "FILE",
+        requires = "tls_cert_file"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key_file: Option<PathBuf>,
+    /// Refuse to talk to NATS without TLS (nats.tls_required)
+    #[arg(long = "nats-tls-required")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_required: bool,
+    /// Sign what this node sends to NATS and drop what is not signed, with the shared secret
+    /// in this file (nats.cluster_key_file; see docs/cluster.md)
+    #[arg(long = "nats-cluster-key-file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_key_file: Option<PathBuf>,
 }
 
 impl NatsOverrides {
     fn is_empty(&self) -> bool {
-        self.url.is_none() && !self.jetstream
+        self.url.is_none()
+            && !self.jetstream
+            && self.user.is_none()
+            && self.password_file.is_none()
+            && self.token_file.is_none()
+            && self.nkey_seed_file.is_none()
+            && self.credentials_file.is_none()
+            && self.tls_ca_file.is_none()
+            && self.tls_cert_file.is_none()
+            && self.tls_key_file.is_none()
+            && !self.tls_required
+            && self.cluster_key_file.is_none()
     }
 }
 

@@ -54,6 +54,8 @@ struct Nats {
     port: u16,
     dir: PathBuf,
     jetstream: bool,
+    /// A configuration file (`-c`): authorization, TLS.
+    config: Option<PathBuf>,
 }
 
 impl Nats {
@@ -74,6 +76,26 @@ impl Nats {
             port: free_port(),
             dir,
             jetstream,
+            config: None,
+        };
+        nats.restart();
+        nats
+    }
+
+    /// A `nats-server` with this configuration file's text (`@DIR@` in it: the server's own
+    /// temporary directory).
+    fn start_configured(config: &str) -> Nats {
+        let dir = std::env::temp_dir().join(format!("herald-nats-{}", free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("nats.conf");
+        std::fs::write(&file, config.replace("@DIR@", dir.to_str().unwrap())).unwrap();
+        let mut nats = Nats {
+            child: Command::new("true").spawn().unwrap(),
+            host: "127.0.0.1".into(),
+            port: free_port(),
+            dir,
+            jetstream: false,
+            config: Some(file),
         };
         nats.restart();
         nats
@@ -84,6 +106,9 @@ impl Nats {
         command.args(["-a", &self.host, "-p", &self.port.to_string()]);
         if self.jetstream {
             command.arg("-js").arg("-sd").arg(&self.dir);
+        }
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
         }
         self.child = command
             .stdout(Stdio::null())
@@ -129,6 +154,15 @@ impl Node {
     /// `herald serve --nats` on the host, or inside `netns` (listening on its address there,
     /// reaching NATS through the namespace's own link).
     fn start_in(netns: Option<&Netns>, nats: &Nats, extra: &[&str]) -> Node {
+        Node::launch(netns, nats, extra, &[])
+    }
+
+    /// `herald serve --nats` with these `HERALD_*` variables.
+    fn start_env(nats: &Nats, env: &[(&str, &str)]) -> Node {
+        Node::launch(None, nats, &[], env)
+    }
+
+    fn launch(netns: Option<&Netns>, nats: &Nats, extra: &[&str], env: &[(&str, &str)]) -> Node {
         let host = netns.map_or("127.0.0.1".to_owned(), |n| n.ip(Netns::HTTP, 2));
         let nats_url = netns.map_or(nats.url(), |n| {
             format!("nats://{}:{}", n.ip(Netns::NATS, 1), nats.port)
@@ -142,6 +176,7 @@ impl Node {
             .args(["serve", "--listen", &format!("{host}:{port}")])
             .args(["--nats", &nats_url])
             .args(extra)
+            .envs(env.iter().copied())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -633,8 +668,34 @@ async fn a_client_moving_to_a_node_that_never_followed_the_topic_recovers_from_j
 /// value travelled in chunks.
 #[tokio::test]
 async fn a_snapshot_on_a_node_that_never_followed_the_topics_comes_from_jetstream() {
+    snapshot_from_jetstream(false).await;
+}
+
+/// The same with a cluster key: what JetStream stored is checked as it is read back, and a
+/// forgery stored there is left out.
+#[tokio::test]
+async fn with_a_cluster_key_what_jetstream_gives_back_is_checked_too() {
+    snapshot_from_jetstream(true).await;
+}
+
+async fn snapshot_from_jetstream(signed: bool) {
     let nats = Nats::start();
-    let (a, b) = (jetstream_node(&nats, &[]), jetstream_node(&nats, &[]));
+    let key = signed.then(|| file_in(&nats, "cluster.key", &"k".repeat(40)));
+    let extra: Vec<&str> = match &key {
+        Some(key) => vec!["--nats-cluster-key-file", key],
+        None => vec![],
+    };
+    let (a, b) = (jetstream_node(&nats, &extra), jetstream_node(&nats, &extra));
+    if signed {
+        // Stored by JetStream like any message on herald's subjects; ordered before cfg/img.
+        inject(
+            &nats,
+            "",
+            "herald.t.cfg.forged",
+            &forged("1", &[]),
+            b"forged",
+        );
+    }
     a.publish("cfg/a", b"old");
     a.publish("cfg/a", b"new");
     let image = noise(5 << 19, 11); // 2.5 MiB: three chunks
@@ -658,6 +719,10 @@ async fn a_snapshot_on_a_node_that_never_followed_the_topics_comes_from_jetstrea
     assert_eq!(got[2]["bytes"], image.len());
     assert_eq!(got[2]["payload_hash"], hash(&image));
     silent(&mut ws, 300).await;
+    if signed {
+        // Counted once per read (the last message, then the topic's whole history).
+        assert!(b.metric("herald_cluster_rejected_total{reason=\"unsigned\"}") >= 1);
+    }
 
     // One exact topic, on a fresh connection.
     let mut ws = ws_request(
@@ -950,4 +1015,450 @@ async fn a_network_cut_between_a_node_and_nats_stops_nothing_local_and_loses_not
     silent(&mut on_b, 300).await;
     assert_eq!(b.metric("herald_cluster_missed_total"), 0);
     assert_eq!(a.metric("herald_cluster_missed_total"), 0);
+}
+
+/// A plain NATS client (the text protocol over TCP, no herald code), as anyone allowed to
+/// publish on the NATS account could run: publishes `payload` with `headers` on `subject`,
+/// then waits for the server to have processed it. `connect` adds fields to `CONNECT` (e.g.
+/// credentials).
+fn inject(nats: &Nats, connect: &str, subject: &str, headers: &[(&str, &str)], payload: &[u8]) {
+    let mut tcp = TcpStream::connect((nats.host.as_str(), nats.port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(tcp.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    assert!(info.starts_with("INFO "), "{info}");
+    let mut head = String::from("NATS/1.0\r\n");
+    for (name, value) in headers {
+        head += &format!("{name}: {value}\r\n");
+    }
+    head += "\r\n";
+    let mut out = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true{connect}}}\r\n\
+         HPUB {subject} {} {}\r\n{head}",
+        head.len(),
+        head.len() + payload.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\nPING\r\n");
+    tcp.write_all(&out).unwrap();
+    let mut reply = String::new();
+    reader.read_line(&mut reply).unwrap();
+    assert!(reply.starts_with("PONG"), "NATS answered {reply:?}");
+}
+
+/// Headers that make a NATS message look like one herald node's message to the others.
+fn forged<'a>(seq: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        ("Herald-Origin", "f0f0f0f0f0f0f0f0"),
+        ("Herald-Epoch", "0123456789ab"),
+        ("Herald-Seq", seq),
+    ];
+    headers.extend_from_slice(extra);
+    headers
+}
+
+/// Two nodes with a subscriber of `t/x` on B, and one message from A that reached it.
+fn forgery_target(nats: &Nats, extra: &[&str], on_b: usize) -> (Node, Node, Sub) {
+    let (a, b) = (Node::start(nats, extra), Node::start(nats, extra));
+    let sub = b.sub("t/x", on_b);
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_subscriptions") == 1 && b.metric("herald_cluster_remote_interest") == 1
+    });
+    a.publish("t/x", b"before");
+    wait_for("B to receive", 10, || {
+        b.metric("herald_cluster_messages_in_total") == 1
+    });
+    (a, b, sub)
+}
+
+#[test]
+fn a_forged_chunk_header_is_dropped_and_counted_and_the_node_keeps_delivering() {
+    let nats = Nats::start_with(false);
+    let (a, mut b, on_b) = forgery_target(&nats, &[], 2);
+    // A 4 KiB first part of a message announced as 10^12 parts (4 PB): once sized with
+    // `part * n` before any check, an abort (`memory allocation failed`).
+    let huge = forged("2", &[("Herald-Chunk", "0/1000000000000")]);
+    inject(&nats, "", "herald.t.t.x", &huge, &[7; 4096]);
+    // `part * n` overflows usize.
+    let overflow = forged("3", &[("Herald-Chunk", "0/18446744073709551615")]);
+    inject(&nats, "", "herald.t.t.x", &overflow, &[7; 4096]);
+    // A part index past the count; a count of zero; not numbers; a first part too small.
+    for chunk in ["3/2", "0/0", "-1/2", "0/2/3", "0/+2"] {
+        let headers = forged("3", &[("Herald-Chunk", chunk)]);
+        inject(&nats, "", "herald.t.t.x", &headers, &[7; 4096]);
+    }
+    // Header values that are no number, and a position announcement carrying a payload.
+    inject(&nats, "", "herald.t.t.x", &forged("-1", &[]), b"x");
+    inject(&nats, "", "herald.t.t.x", &forged("0", &[]), b"x");
+    let mark = forged("9", &[("Herald-Kind", "mark")]);
+    inject(&nats, "", "herald.t.t.x", &mark, b"x");
+    let stamp = forged("4", &[("Herald-Stamp", "soon")]);
+    inject(&nats, "", "herald.t.t.x", &stamp, b"x");
+    let small = forged("5", &[("Herald-Chunk", "0/2")]);
+    inject(&nats, "", "herald.t.t.x", &small, &[7; 1024]);
+    wait_for("the forged messages to be counted", 10, || {
+        b.metric("herald_cluster_rejected_total{reason=\"too_large\"}") == 2
+            && b.metric("herald_cluster_rejected_total{reason=\"chunk\"}") == 6
+            && b.metric("herald_cluster_rejected_total{reason=\"malformed\"}") == 4
+    });
+    assert!(b.child.try_wait().unwrap().is_none(), "B is alive");
+    a.publish("t/x", b"after");
+    let (got, _) = finish(on_b, 10);
+    let got: Vec<_> = got.iter().map(data).collect();
+    assert_eq!(got, [b"before".to_vec(), b"after".to_vec()]);
+    assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
+}
+
+/// `herald serve` with these arguments, expected to give up: its exit status and standard
+/// error (bounded: killed after 15 s).
+fn serve_refused(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(HERALD)
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}
+
+/// A file in `nats`'s directory holding `text`; its path.
+fn file_in(nats: &Nats, name: &str, text: &str) -> String {
+    std::fs::create_dir_all(&nats.dir).unwrap();
+    let path = nats.dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn herald_authenticates_to_nats_with_a_password_or_a_token_and_says_so_when_refused() {
+    let nats =
+        Nats::start_configured("authorization { user: herald, password: \"pw-right-5a1\" }\n");
+    let url = nats.url();
+    let right = file_in(&nats, "right", "pw-right-5a1\n");
+    let wrong = file_in(&nats, "wrong", "pw-wrong-7c3\n");
+    let a = Node::start(
+        &nats,
+        &["--nats-user", "herald", "--nats-password-file", &right],
+    );
+    // The same with the section from the environment, as in a container.
+    let b = Node::start_env(
+        &nats,
+        &[
+            ("HERALD_NATS_USER", "herald"),
+            ("HERALD_NATS_PASSWORD_FILE", &right),
+        ],
+    );
+    let on_b = b.sub("t", 1);
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_cluster_remote_interest") == 1
+    });
+    a.publish("t", b"authenticated");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(got.iter().map(data).collect::<Vec<_>>(), [b"authenticated"]);
+
+    let (status, err) = serve_refused(&[
+        "--nats",
+        &url,
+        "--nats-user",
+        "herald",
+        "--nats-password-file",
+        &wrong,
+    ]);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("refused herald's credentials"), "{err}");
+    assert!(
+        !err.contains("pw-wrong") && !err.contains("pw-right"),
+        "{err}"
+    );
+    let (status, err) = serve_refused(&["--nats", &url]);
+    assert!(
+        !status.success() && err.contains("refused herald's credentials"),
+        "{err}"
+    );
+    // Credentials in the URL work too, and are never shown.
+    let in_url = format!("nats://herald:pw-wrong-7c3@127.0.0.1:{}", nats.port);
+    let (status, err) = serve_refused(&["--nats", &in_url]);
+    assert!(!status.success() && err.contains("***@127.0.0.1"), "{err}");
+    assert!(!err.contains("pw-wrong"), "{err}");
+    drop((a, b));
+
+    let nats = Nats::start_configured("authorization { token: \"tok-right-9e2\" }\n");
+    let token = file_in(&nats, "token", "tok-right-9e2\n");
+    let wrong = file_in(&nats, "wrong", "tok-wrong-4d8");
+    Node::start(&nats, &["--nats-token-file", &token]);
+    let (status, err) = serve_refused(&["--nats", &nats.url(), "--nats-token-file", &wrong]);
+    assert!(
+        !status.success() && err.contains("refused herald's credentials"),
+        "{err}"
+    );
+    assert!(!err.contains("tok-"), "{err}");
+}
+
+#[test]
+fn herald_authenticates_to_nats_with_an_nkey() {
+    let (user, stranger) = (nkeys::KeyPair::new_user(), nkeys::KeyPair::new_user());
+    let nats = Nats::start_configured(&format!(
+        "authorization {{ users: [ {{ nkey: \"{}\" }} ] }}\n",
+        user.public_key()
+    ));
+    let seed = file_in(&nats, "seed", &format!("{}\n", user.seed().unwrap()));
+    let node = Node::start(&nats, &["--nats-nkey-seed-file", &seed]);
+    assert_eq!(node.metric("herald_cluster_nats_connected"), 1);
+    let other = file_in(&nats, "other", &stranger.seed().unwrap());
+    let (status, err) = serve_refused(&["--nats", &nats.url(), "--nats-nkey-seed-file", &other]);
+    assert!(
+        !status.success() && err.contains("refused herald's credentials"),
+        "{err}"
+    );
+    assert!(!err.contains(&stranger.seed().unwrap()), "{err}");
+}
+
+/// Runs openssl; panics with its output when it fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA in `dir` (`ca.pem`), and certificates it signed: `server.pem` for 127.0.0.1,
+/// `client.pem` for a client (each with its `.key`).
+fn private_ca(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"],
+            &ec[..],
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=herald test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat(),
+    );
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        (
+            "client",
+            "subjectAltName=DNS:herald-node\nextendedKeyUsage=clientAuth\n",
+        ),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        let (key, csr, pem, extfile) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        openssl(
+            dir,
+            &[
+                &["req"],
+                &ec[..],
+                &[
+                    "-keyout",
+                    &key,
+                    "-out",
+                    &csr,
+                    "-subj",
+                    &format!("/CN={name}"),
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                "2",
+                "-days",
+                "2",
+                "-out",
+                &pem,
+                "-extfile",
+                &extfile,
+            ],
+        );
+    }
+}
+
+#[test]
+fn herald_reaches_nats_over_tls_with_a_private_ca_and_a_client_certificate() {
+    let dir = std::env::temp_dir().join(format!("herald-nats-ca-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    private_ca(&dir);
+    let at = |f: &str| dir.join(f).display().to_string();
+    let nats = Nats::start_configured(&format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true, timeout: 2 }}\n",
+        at("server.pem"),
+        at("server.key"),
+        at("ca.pem")
+    ));
+    let tls = [
+        "--nats-tls-ca-file",
+        &at("ca.pem"),
+        "--nats-tls-cert-file",
+        &at("client.pem"),
+        "--nats-tls-key-file",
+        &at("client.key"),
+    ];
+    let (a, b) = (Node::start(&nats, &tls), Node::start(&nats, &tls));
+    let on_b = b.sub("t", 1);
+    wait_for("B's subscriber", 10, || {
+        b.metric("herald_cluster_remote_interest") == 1
+    });
+    a.publish("t", b"over TLS");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(got.iter().map(data).collect::<Vec<_>>(), [b"over TLS"]);
+    // Without the private CA, the server's certificate is not trusted: a clear error.
+    let (status, err) = serve_refused(&["--nats", &nats.url(), "--nats-tls-required"]);
+    assert!(!status.success() && err.contains("over TLS"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn with_a_cluster_key_only_what_nodes_signed_reaches_subscribers() {
+    let nats = Nats::start_with(false);
+    // Without a key, NATS is the trust boundary: whoever may publish on herald's subjects
+    // reaches every node's subscribers as if a node had sent it.
+    {
+        let (_a, b, on_b) = forgery_target(&nats, &[], 2);
+        inject(&nats, "", "herald.t.t.x", &forged("1", &[]), b"forged");
+        let (got, _) = finish(on_b, 10);
+        assert_eq!(
+            got.iter().map(data).collect::<Vec<_>>(),
+            [&b"before"[..], b"forged"]
+        );
+        assert_eq!(
+            b.metric("herald_cluster_rejected_total{reason=\"unsigned\"}"),
+            0
+        );
+    }
+    let key = file_in(
+        &nats,
+        "cluster.key",
+        "a-shared-secret-of-32-bytes-or-more\n",
+    );
+    let (a, b, on_b) = forgery_target(&nats, &["--nats-cluster-key-file", &key], 2);
+    wait_for("B to hear A's signed heartbeats", 10, || {
+        b.metric("herald_cluster_nodes_seen") == 2
+    });
+    inject(&nats, "", "herald.t.t.x", &forged("1", &[]), b"forged");
+    let bad = [("Herald-Signature", "00".repeat(32))];
+    let bad: Vec<_> = bad.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    inject(&nats, "", "herald.t.t.x", &forged("2", &bad), b"forged");
+    // A forged heartbeat: it would make every node announce all its topics.
+    inject(&nats, "", "herald.nodes", &[], b"f0f0f0f0f0f0f0f0 7");
+    wait_for("the forgeries to be counted", 10, || {
+        b.metric("herald_cluster_rejected_total{reason=\"unsigned\"}") == 2
+            && b.metric("herald_cluster_rejected_total{reason=\"bad_signature\"}") == 1
+    });
+    // The forged node is not counted (the gauge is refreshed every second).
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(b.metric("herald_cluster_nodes_seen"), 2);
+    // A node with another key is not part of the cluster.
+    let other = file_in(&nats, "other.key", "another-secret-of-32-bytes-or-more\n");
+    let c = Node::start(&nats, &["--nats-cluster-key-file", &other]);
+    c.publish("t/x", b"other cluster");
+    wait_for("C's message to be refused", 10, || {
+        b.metric("herald_cluster_rejected_total{reason=\"bad_signature\"}") >= 2
+    });
+    a.publish("t/x", b"after");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(
+        got.iter().map(data).collect::<Vec<_>>(),
+        [&b"before"[..], b"after"]
+    );
+    assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
+}
+
+#[test]
+fn an_account_of_its_own_keeps_herald_subjects_to_herald_nodes() {
+    // The lock-down docs/cluster.md gives: herald's user in an account of its own, with only
+    // the permissions herald needs (JetStream included); everyone else in another account.
+    let nats = Nats::start_configured(
+        r#"
+        accounts {
+          HERALD: {
+            jetstream: enabled
+            users: [ { user: herald, password: "pw-herald-31"
+                       permissions: { publish: ["herald.>", "$JS.API.>"]
+                                      subscribe: ["herald.>", "_INBOX.>"] } } ]
+          }
+          APPS: { users: [ { user: app, password: "pw-app-72" } ] }
+        }
+        jetstream { store_dir: "@DIR@" }
+        "#,
+    );
+    let password = file_in(&nats, "password", "pw-herald-31");
+    let herald = [
+        "--nats-user",
+        "herald",
+        "--nats-password-file",
+        &password,
+        "--nats-jetstream",
+    ];
+    let (a, b, on_b) = forgery_target(&nats, &herald, 2);
+    wait_for("JetStream within herald's permissions", 10, || {
+        a.metric("herald_cluster_jetstream_available") == 1
+    });
+    // Another NATS user publishes on herald's subject: it lands in its own account.
+    let app = r#","user":"app","pass":"pw-app-72""#;
+    inject(&nats, app, "herald.t.t.x", &forged("1", &[]), b"forged");
+    a.publish("t/x", b"after");
+    let (got, _) = finish(on_b, 10);
+    assert_eq!(
+        got.iter().map(data).collect::<Vec<_>>(),
+        [&b"before"[..], b"after"]
+    );
+    assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
 }
