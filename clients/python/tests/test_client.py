@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -197,3 +199,69 @@ async def test_a_closed_client_refuses_requests_and_ends_iterators(herald: Heral
     with pytest.raises(herald_client.ClientClosed):
         await h.publish("t9/x", "1")
     assert h.state == "closed"
+
+
+@run_async()
+async def test_conflate_with_max_rate_delivers_the_newest_and_counts_the_rest(herald: Herald) -> None:
+    dropped: list[herald_client.Dropped] = []
+    async with herald_client.connect(herald.url) as h, herald_client.connect(herald.url) as pub:
+        h.on("dropped", dropped.append)
+        sub = await h.subscribe("t10/x", policy="conflate", max_rate=5)
+        for i in range(1, 51):
+            await pub.publish("t10/x", str(i), ack=False)
+        await pub.ping()
+        got: list[Message] = []
+        while not got or got[-1].data != "50":
+            got.append(await within(sub.__anext__()))
+        assert len(got) < 50
+        prev = 0
+        for m in got:
+            assert m.seq == prev + 1 + m.dropped
+            prev = m.seq
+        assert sum(d.count for d in dropped) == sum(m.dropped for m in got) == 50 - len(got)
+        assert {d.reason for d in dropped} == {"conflate"}
+
+
+@run_async()
+async def test_a_raising_handler_is_reported_and_delivery_goes_on(herald: Herald) -> None:
+    errors: list[herald_client.HeraldError] = []
+    seen: list[str] = []
+    done = asyncio.Event()
+
+    async def handler(m: Message) -> None:
+        if m.data == "boom":
+            raise RuntimeError("boom")
+        seen.append(str(m.data))
+        done.set()
+
+    async with herald_client.connect(herald.url) as h:
+        h.on("error", errors.append)
+        await h.subscribe("t11/x", handler)
+        await h.publish("t11/x", "boom")
+        await h.publish("t11/x", "ok")
+        await within(done.wait())
+        assert seen == ["ok"]
+        assert [e.code for e in errors] == ["handler"]
+        assert "RuntimeError('boom')" in errors[0].message
+
+
+def subscriptions(server: Herald) -> int:
+    with urllib.request.urlopen(f"{server.http}/api/stats", timeout=5) as r:
+        count: int = json.load(r)["subscriptions"]
+        return count
+
+
+@run_async()
+async def test_unsubscribe_tells_herald_when_the_last_subscription_on_a_pattern_goes(fresh_herald: Herald) -> None:
+    async with herald_client.connect(fresh_herald.url) as h:
+        first = await h.subscribe("t12/>")
+        second = await h.subscribe("t12/>")
+        assert subscriptions(fresh_herald) == 1  # herald holds the pattern once
+        await first.unsubscribe()
+        assert subscriptions(fresh_herald) == 1
+        await h.publish("t12/a", "still delivered")
+        assert (await within(second.__anext__())).data == "still delivered"
+        await second.unsubscribe()
+        assert subscriptions(fresh_herald) == 0
+        with pytest.raises(StopAsyncIteration):
+            await within(second.__anext__())
