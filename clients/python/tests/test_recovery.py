@@ -202,3 +202,32 @@ async def test_dropped_notices_are_surfaced_with_exact_counts() -> None:
             assert {(d.topic, d.reason) for d in dropped} == {("r6/x", "drop")}
     finally:
         server.close()
+
+
+@run_async()
+async def test_a_failing_token_callback_is_reported_and_retried(herald: Herald) -> None:
+    proxy = Proxy(herald.port)
+    await proxy.start()
+    calls = 0
+
+    def token() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("the identity provider is down")
+        return "any-token"  # herald without authentication accepts any
+
+    errors: list[herald_client.HeraldError] = []
+    states: list[StateEvent] = []
+    try:
+        async with herald_client.connect(proxy.url, token=token, min_delay=0.05, max_delay=0.1) as h:
+            h.on("error", errors.append)
+            h.on("state", states.append)
+            proxy.cut()
+            await within(wait_for_state(states, "open"))
+            await h.ping()
+        assert calls == 3
+        assert [e.code for e in errors] == ["token"]
+        assert "the identity provider is down" in errors[0].message
+    finally:
+        await proxy.close()

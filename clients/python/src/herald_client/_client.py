@@ -364,7 +364,10 @@ class Client:
     async def _open(self) -> None:
         """One connection attempt: the WebSocket, then an `auth` or `ping` round trip (herald
         answers a refused token with an error and a 4003 close, so this is where it shows)."""
-        token = await self._token_now()
+        try:
+            token = await self._token_now()
+        except Exception as e:
+            raise HeraldError(f"the token callback failed: {e!r}", "token") from e
         url, headers = self.url, {}
         if token and self._token_in == "query":
             parts = urllib.parse.urlsplit(url)
@@ -477,6 +480,8 @@ class Client:
                 self._shut(e)
                 return
             except HeraldError as e:
+                if e.code == "token":
+                    self._emit_error(e)
                 code, reason = None, str(e)
                 continue
             self._connected(reconnected=True)
