@@ -86,6 +86,7 @@ async def run_size(url: str, side: int, seconds: float, window: int) -> dict[str
     rate = (received - 1) / (last - first) if received > 1 and last > first else 0.0
     return {
         "side": side,
+        "window": window,
         "bytes": size,
         "images": received,
         "images_per_s": rate,
@@ -134,11 +135,11 @@ async def main(args: argparse.Namespace) -> None:
         proc, url, tmp = spawn_herald(args.herald_cpu)
     try:
         results = []
-        for side in args.sizes:
-            r = await run_size(url, side, args.seconds, args.window)
+        for window, side in [(w, s) for w in args.window for s in args.sizes]:
+            r = await run_size(url, side, args.seconds, window)
             results.append(r)
             print(
-                f"{side}² × 2 bytes: {r['images_per_s']:.1f} images/s, {r['mb_per_s']:.0f} MB/s "
+                f"window {window}, {side}² × 2 bytes: {r['images_per_s']:.1f} images/s, {r['mb_per_s']:.0f} MB/s "
                 f"({r['images']:.0f} images; client CPU per image: subscriber {r['subscriber_cpu_ms']:.2f} ms, "
                 f"publisher {r['publisher_cpu_ms']:.2f} ms)",
                 flush=True,
@@ -159,7 +160,9 @@ if __name__ == "__main__":
     parser.add_argument("--herald-cpu", default="0", help="with --spawn: pin herald to this CPU (taskset)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 1024, 2048], help="image sides")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per size")
-    parser.add_argument("--window", type=int, default=1, help="the subscriber's lossless window, images")
+    parser.add_argument(
+        "--window", type=int, nargs="+", default=[1], help="the subscriber's lossless window, images (several: each)"
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--publisher", action="store_true", help=argparse.SUPPRESS)  # the child process
     asyncio.run(main(parser.parse_args()))
