@@ -720,7 +720,7 @@ class Client:
         if self.state == "open":
             self._send_subscribe(pattern, [sub], reconnected=False)
         try:
-            sub.subscribed = await asyncio.wait_for(asyncio.shield(sub._ready), self._timeout)
+            await asyncio.wait_for(asyncio.shield(sub._ready), self._timeout)
         except asyncio.TimeoutError:
             self._drop_sub(sub)
             raise RequestTimeout(f"no reply to subscribing {pattern!r} within {self._timeout} s") from None
@@ -765,6 +765,8 @@ class Client:
         for s in subs:
             if not s.active:
                 continue
+            if s.subscribed is None:
+                s.subscribed = r  # the first reply: its cursor is kept for the subscription's life
             if r.recovered is False:
                 s._inbox.push(GapError(r))
             if not s._ready.done():
