@@ -101,13 +101,10 @@ class _Inbox:
         self._writable = asyncio.Event()
         self._writable.set()
 
-    def __len__(self) -> int:
-        return len(self._items)
-
     def push(self, item: _Item) -> None:
         self._items.append(item)
         self._readable.set()
-        if self._limit and len(self._items) >= self._limit:
+        if self.full():
             self._writable.clear()
 
     async def writable(self) -> None:
@@ -120,7 +117,7 @@ class _Inbox:
         item = self._items[0]
         if not isinstance(item, _End):  # the end marker stays for any later reader
             self._items.popleft()
-        if not self._limit or len(self._items) < self._limit:
+        if not self.full():
             self._writable.set()
         return item
 
@@ -300,7 +297,6 @@ class Client:
         self._listeners: dict[str, list[Listener]] = {}
         self._opened = asyncio.Event()
         self._live = False  # a connection is set up and in use (not an attempt in progress)
-        self._supervisor: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._last_error: HeraldError | None = None
         self._fatal: HeraldError | None = None
@@ -460,7 +456,7 @@ class Client:
                 error = error or Unauthorized(f"herald closed the connection: 4003 {reason}")
             self._shut(error or ConnectionLost(f"herald closed the connection: {code} {reason}", code, reason))
             return
-        self._supervisor = self._spawn(self._reconnect_loop(code, reason))
+        self._spawn(self._reconnect_loop(code, reason))
 
     async def _reconnect_loop(self, code: int | None, reason: str) -> None:
         attempt = 0
