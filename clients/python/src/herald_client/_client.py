@@ -779,6 +779,7 @@ class Client:
         for s in subs:
             if not s._ready.done():
                 s._ready.set_exception(error)
+                s._ready.exception()  # retrieved: subscribe() may have stopped waiting for it
             self._drop_sub(s, error)
         self._emit_error(error)
 
