@@ -31,11 +31,11 @@ async def test_lossless_iterator_holds_the_publisher_to_the_window(herald: Heral
         )
         seqs = []
         async for m in sub:
-            # Handling message i: herald got credit for at most the i-1 handled before it, so
-            # it has let at most i-1+window publishes through.
-            assert acked[0] <= m.seq - 1 + window, (m.seq, acked[0])
             seqs.append(m.seq)
-            await asyncio.sleep(pause)
+            await asyncio.sleep(pause)  # handling the message; herald has time to act meanwhile
+            # Until message i is handled, herald has credit for the i-1 before it only, so it
+            # has let at most i-1+window publishes through.
+            assert acked[0] <= m.seq - 1 + window, (m.seq, acked[0])
             if m.seq == total:
                 break
         await within(publishing)
@@ -51,8 +51,8 @@ async def test_lossless_handler_grants_credit_after_it_returns(herald: Herald) -
     done = asyncio.Event()
 
     async def handler(m: Message) -> None:
-        seen.append((m.seq, acked[0]))
         await asyncio.sleep(0.03)
+        seen.append((m.seq, acked[0]))  # at the end of handling: no credit for m yet
         if m.seq == total:
             done.set()
 
@@ -73,8 +73,8 @@ async def test_lossless_byte_window_grants_back_payload_sizes(herald: Herald) ->
         publishing = asyncio.ensure_future(publish_counting(pub, "f3/jobs", ["é" * (size // 2)] * total, acked))
         async for m in sub:
             assert m.size == size  # UTF-8 bytes of the text, as herald counts them
-            assert acked[0] <= m.seq - 1 + window_bytes // size, (m.seq, acked[0])
             await asyncio.sleep(0.03)
+            assert acked[0] <= m.seq - 1 + window_bytes // size, (m.seq, acked[0])
             if m.seq == total:
                 break
         await within(publishing)
