@@ -125,6 +125,9 @@ async def test_snapshot_and_since(herald: Herald) -> None:
         assert (since.subscribed.recovered, since.subscribed.replayed) == (True, 3)
         assert [(await within(since.__anext__())).data for _ in range(3)] == ["a3", "a4", "a5"]
         assert since.positions["t5/a"] == Position(5, epoch)
+        # The replay also matched `snap`, which had seen a5 already: it drops a3..a5.
+        await h.publish("t5/a", "a6")
+        assert (await within(snap.__anext__())).data == "a6"
 
 
 @run_async()
