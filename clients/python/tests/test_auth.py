@@ -7,6 +7,7 @@ import asyncio
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Literal
 
 import pytest
 from conftest import Herald, run_async, within
@@ -56,7 +57,8 @@ async def test_missing_or_bad_tokens_are_refused_at_connect(secured: tuple[Heral
     with pytest.raises(herald_client.Unauthorized) as none:
         await herald_client.connect(server.url)
     assert none.value.code == "unauthorized"
-    for token_in in ("header", "query", "message"):  # type: Literal["header", "query", "message"]
+    modes: tuple[Literal["header", "query", "message"], ...] = ("header", "query", "message")
+    for token_in in modes:
         with pytest.raises(herald_client.Unauthorized):
             await herald_client.connect(server.url, token="not.a.token", token_in=token_in)
     expired = server.token(secret, "--sub", "quotes/>", "--ttl", "1")
