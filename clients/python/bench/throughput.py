@@ -1,0 +1,170 @@
+"""Image throughput through herald with one Python publisher and one lossless Python subscriber:
+images/s for side² × 2-byte images, the load of seed 001 (VBDS) and of `herald bench --kind
+images`.
+
+    taskset -c 1 python bench/throughput.py --spawn             # herald pinned to core 0
+    python bench/throughput.py --url ws://127.0.0.1:8080/ws     # a running herald
+
+The publisher (a child process, as a camera's program would be) sends the same buffer back to
+back without waiting for acknowledgements; the subscriber (this process) is `lossless` with a
+window of `--window` images (1: each image goes once the subscriber has handled the previous
+one, VBDS's acknowledged flow), so herald holds the publisher to the subscriber's pace. Each size
+runs for `--seconds`; images/s is counted at the subscriber between its first and last image,
+and every image is checked for its size and its place in the sequence (nothing lost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import herald_client
+
+
+async def publish(url: str, side: int, seconds: float) -> None:
+    """The publisher process: the same buffer back to back for `seconds`, then the count and
+    the CPU seconds it spent publishing."""
+    payload = memoryview(os.urandom(side * side * 2))
+    async with herald_client.connect(url) as pub:
+        cpu = time.process_time()
+        published = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await pub.publish(f"bench/images/{side}", payload, ack=False)
+            published += 1
+        await pub.ping()  # everything sent has reached herald
+        cpu = time.process_time() - cpu
+    print(published, cpu, flush=True)
+
+
+async def run_size(url: str, side: int, seconds: float, window: int) -> dict[str, float]:
+    size = side * side * 2
+    async with herald_client.connect(url) as h:
+        sub = await h.subscribe(f"bench/images/{side}", policy="lossless", window=window)
+        publisher = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--publisher",
+            "--url",
+            url,
+            "--sizes",
+            str(side),
+            "--seconds",
+            str(seconds),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert publisher.stdout is not None
+        report = asyncio.ensure_future(publisher.stdout.read())
+        received, first, last, prev_seq = 0, 0.0, 0.0, -1
+        cpu = time.process_time()
+        # The topic may have been published before (another window): its numbers go on from there.
+        while not (report.done() and received == int((report.result().split() or [b"-1"])[0])):
+            try:
+                m = await asyncio.wait_for(sub.__anext__(), 0.2)
+            except asyncio.TimeoutError:
+                if publisher.returncode not in (None, 0):
+                    raise SystemExit(f"{side}²: the publisher failed ({publisher.returncode})") from None
+                continue
+            now = time.monotonic()
+            if m.size != size or (prev_seq >= 0 and m.seq != prev_seq + 1):
+                raise SystemExit(f"{side}²: image seq {m.seq} of {m.size} bytes after seq {prev_seq}")
+            prev_seq = m.seq
+            received += 1
+            if received == 1:
+                first = now
+            last = now
+        cpu = time.process_time() - cpu
+        await publisher.wait()
+    rate = (received - 1) / (last - first) if received > 1 and last > first else 0.0
+    return {
+        "side": side,
+        "window": window,
+        "bytes": size,
+        "images": received,
+        "images_per_s": rate,
+        "mb_per_s": rate * size / 1e6,
+        # CPU the client spends per image: what bounds the rate on an idle core.
+        "subscriber_cpu_ms": cpu / received * 1e3,
+        "publisher_cpu_ms": float(report.result().split()[1]) / received * 1e3,
+    }
+
+
+def spawn_herald(cpu: str | None) -> tuple[subprocess.Popen[bytes], str, tempfile.TemporaryDirectory[str]]:
+    binary = os.environ.get("HERALD_BIN", "/tmp/herald-bin/herald")
+    tmp = tempfile.TemporaryDirectory(prefix="herald-throughput-")
+    config = os.path.join(tmp.name, "herald.toml")
+    with open(config, "w") as f:
+        # As bench/scenarios/vbds-images.toml: room for a few large images queued, and no
+        # per-connection byte rate limit (a loopback publisher of 2048² images exceeds it).
+        f.write("max_outbound_bytes = 134217728\n[limits]\nmax_bytes_per_sec = 0\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--config", config]
+    if cpu is not None and shutil.which("taskset"):
+        cmd = ["taskset", "-c", cpu, *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise SystemExit("herald did not start") from None
+            time.sleep(0.05)
+    return proc, f"ws://127.0.0.1:{port}/ws", tmp
+
+
+async def main(args: argparse.Namespace) -> None:
+    if args.publisher:
+        await publish(args.url, args.sizes[0], args.seconds)
+        return
+    proc = None
+    url = args.url
+    if args.spawn:
+        proc, url, tmp = spawn_herald(args.herald_cpu)
+    try:
+        results = []
+        for window, side in [(w, s) for w in args.window for s in args.sizes]:
+            r = await run_size(url, side, args.seconds, window)
+            results.append(r)
+            print(
+                f"window {window}, {side}² × 2 bytes: {r['images_per_s']:.1f} images/s, {r['mb_per_s']:.0f} MB/s "
+                f"({r['images']:.0f} images; client CPU per image: subscriber {r['subscriber_cpu_ms']:.2f} ms, "
+                f"publisher {r['publisher_cpu_ms']:.2f} ms)",
+                flush=True,
+            )
+        if args.json:
+            print(json.dumps(results))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("HERALD_URL", "ws://127.0.0.1:8080/ws"))
+    parser.add_argument("--spawn", action="store_true", help="start herald (HERALD_BIN) for the run")
+    parser.add_argument("--herald-cpu", default="0", help="with --spawn: pin herald to this CPU (taskset)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 1024, 2048], help="image sides")
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per size")
+    parser.add_argument(
+        "--window", type=int, nargs="+", default=[1], help="the subscriber's lossless window, images (several: each)"
+    )
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--publisher", action="store_true", help=argparse.SUPPRESS)  # the child process
+    asyncio.run(main(parser.parse_args()))
+    sys.exit(0)
