@@ -154,7 +154,41 @@ def stock_exchange():
         False, "stock-exchange-session8.svg")
 
 
-PLOTS = [solace_clients, solace_rate, filtering, stock_exchange]
+
+def two_nodes():
+    """Two herald nodes through NATS beside one node in the same minutes (herald 3eeeab5,
+    2026-11-23, a noisy machine: one run each)."""
+    def rate(name):
+        return [(s["swept"]["image_side"], s["publish_rate"]) for s in load(name)["steps"]]
+    svg("Seed 001 images, one subscriber on each node (herald 3eeeab5, 2026-11-23)",
+        "image side (pixels, 2 bytes each)", "images/s (log scale)",
+        [("2 nodes through NATS", rate("vbds-images-2nodes.json"), "line"),
+         ("1 node, same minutes", rate("vbds-images-1node-same-time.json"), "line")],
+        True, "vbds-images-2nodes.svg")
+
+    def lat(name, q):
+        return [(s["clients"], s["latency_us"][q] / 1000) for s in load(name)["steps"]]
+    two, one = "solace-3.1.2-very-high-2nodes.json", "solace-3.1.2-very-high-1node-same-time.json"
+    svg("Solace 3.1.2, subscribers split over two nodes (herald 3eeeab5, 2026-11-23)",
+        "clients", "latency (ms, log scale)",
+        [("2 nodes p99.9", lat(two, "p999"), "line"), ("2 nodes p50", lat(two, "p50"), "line"),
+         ("1 node p99.9", lat(one, "p999"), "line"), ("1 node p50", lat(one, "p50"), "line")],
+        True, "solace-3.1.2-very-high-2nodes.svg")
+
+
+def large_messages():
+    """Seed 003's 1 KB and 2 KB messages at 1,000 and 2,000 clients (herald b060e79)."""
+    series = []
+    for name, size in (("solace-3.3-large-1k-session9.json", "1 KB"),
+                       ("solace-3.3-large-2k-session9.json", "2 KB")):
+        steps = load(name)["steps"]
+        series.append((f"{size} p99.9", [(s["clients"], s["latency_us"]["p999"] / 1000) for s in steps], "line"))
+        series.append((f"{size} p50", [(s["clients"], s["latency_us"]["p50"] / 1000) for s in steps], "line"))
+    svg("Solace 3.3 large messages (herald b060e79, 2026-11-25)", "clients",
+        "latency (ms, log scale)", series, True, "solace-3.3-large-session9.svg")
+
+
+PLOTS = [solace_clients, solace_rate, filtering, stock_exchange, two_nodes, large_messages]
 
 if __name__ == "__main__":
     for p in PLOTS:
