@@ -2,9 +2,9 @@
 """Draws the SVG plots of bench/RESULTS.md from the reports in bench/results/.
 
 Python's standard library only; every point is a figure from a committed JSON report, nothing
-is averaged or fitted. The single-sweep plots the bench drew itself (`herald bench --plot`)
-stay as they are; this script draws the ones that gather runs from several reports or
-label herald beside the C reference.
+is averaged or fitted. The plots the bench drew itself (`herald bench --plot`) stay as they
+are; this script draws the ones it did not: runs gathered from several reports, herald
+beside the C reference or beside a second node, and sweeps run without `--plot`.
 
     python3 bench/plot.py            # rewrites the SVGs named in PLOTS below
 """
