@@ -135,6 +135,10 @@ pub struct EngineConfig {
     /// A topic nothing was published on for this long (µs) and that no subscription matches
     /// is forgotten by [`Engine::sweep`]; 0 keeps topics for ever.
     pub topic_idle_us: u64,
+    /// Topics one [`Origin`] may have created and herald still hold.
+    pub max_topics_per_origin: usize,
+    /// Bytes the topics one [`Origin`] created may keep; past it, it may create no more.
+    pub max_retained_bytes_per_origin: usize,
 }
 
 impl Default for EngineConfig {
@@ -144,6 +148,8 @@ impl Default for EngineConfig {
             lossless_topics: vec![">".into()],
             max_topics: 1_000_000,
             topic_idle_us: 3_600_000_000,
+            max_topics_per_origin: 10_000,
+            max_retained_bytes_per_origin: 128 << 20,
             history: vec![HistoryRule::default()],
             max_subscriptions_per_connection: 1000,
             max_message_bytes: 64 << 20,
@@ -152,6 +158,20 @@ impl Default for EngineConfig {
 }
 
 pub type ConnId = u32;
+
+/// Who publishes, for per-publisher quotas: the server numbers each token subject from 1; 0 is
+/// nobody in particular (auth off, the admin key, other nodes), bound only by the server-wide
+/// limits.
+pub type Origin = u32;
+
+/// What one [`Origin`]'s topics hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Topics it created that herald still holds.
+    pub topics: usize,
+    /// Bytes those topics keep (history, or last value).
+    pub retained: usize,
+}
 
 pub use cluster::{Recalled, Unanswered};
 pub use sweep::Swept;
@@ -288,6 +308,8 @@ struct Conn<O> {
     explicit: usize,
     /// The last publish that reached this connection: dedupes overlapping patterns in O(1).
     seen: u64,
+    /// Who publishes through it, for quotas.
+    origin: Origin,
 }
 
 impl<O> Conn<O> {
@@ -357,6 +379,8 @@ pub struct Engine<O> {
     interest_changes: Vec<Interest>,
     /// Scratch for [`Engine::append`]: the connections a message matched.
     matched: Vec<ConnId>,
+    /// What each [`Origin`]'s topics hold, indexed by origin.
+    usage: Vec<Usage>,
 }
 
 impl<O: Outbox> Engine<O> {
@@ -375,7 +399,20 @@ impl<O: Outbox> Engine<O> {
             interest: None,
             interest_changes: Vec::new(),
             matched: Vec::new(),
+            usage: Vec::new(),
         }
+    }
+
+    /// Publishes from connection `conn` are charged to `origin` (its token's subject).
+    pub fn set_origin(&mut self, conn: ConnId, origin: Origin) {
+        if let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) {
+            c.origin = origin;
+        }
+    }
+
+    /// What `origin`'s topics hold.
+    pub fn usage(&self, origin: Origin) -> Usage {
+        self.usage.get(origin as usize).copied().unwrap_or_default()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -439,6 +476,7 @@ impl<O: Outbox> Engine<O> {
             subs: Vec::new(),
             explicit: 0,
             seen: 0,
+            origin: 0,
         });
         match self.free.pop() {
             Some(id) => {
@@ -593,7 +631,8 @@ impl<O: Outbox> Engine<O> {
         p: &Publish,
         now_us: u64,
     ) -> Result<Published, &'static str> {
-        match self.publish(p, now_us) {
+        let origin = self.conn(conn).map_or(0, |c| c.origin);
+        match self.publish_by(p, origin, now_us) {
             Ok(published) => {
                 if let Some(id) = &p.id {
                     let ack = Reply::Ack {
@@ -627,8 +666,18 @@ impl<O: Outbox> Engine<O> {
     /// Publishes a message: assigns the topic's next sequence number, encodes the frame once,
     /// records it, and hands it to every matching connection once.
     pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
-        self.check(p)?;
-        Ok(self.append(p, now_us, Numbering::Local))
+        self.publish_by(p, 0, now_us)
+    }
+
+    /// [`Engine::publish`] charged to `origin`: a topic it creates counts against its quotas.
+    pub fn publish_by(
+        &mut self,
+        p: &Publish,
+        origin: Origin,
+        now_us: u64,
+    ) -> Result<Published, ProtocolError> {
+        self.check(p, origin)?;
+        Ok(self.append(p, now_us, Numbering::Local, origin))
     }
 
     /// Publishes a message another node published and numbered `(epoch, seq)`, keeping its
@@ -645,7 +694,7 @@ impl<O: Outbox> Engine<O> {
         seq: u64,
         now_us: u64,
     ) -> Result<RemotePublished, ProtocolError> {
-        self.check(p)?;
+        self.check(p, 0)?;
         let state = self.topics.entry(&self.config, &p.topic, Numbering::Origin);
         let mut missed = 0;
         if state.epoch != epoch {
@@ -666,7 +715,7 @@ impl<O: Outbox> Engine<O> {
         if missed > 0 {
             self.notify_hole(&p.topic, missed, before);
         }
-        let published = self.append(p, now_us, Numbering::Origin);
+        let published = self.append(p, now_us, Numbering::Origin, 0);
         let at = self.publish_count;
         if let Some(state) = self.topics.get_mut(p.topic.as_str()) {
             state.remote_at = at;
@@ -697,8 +746,8 @@ impl<O: Outbox> Engine<O> {
     }
 
     /// Refuses a message that may not be published: bad topic, too large, text not UTF-8, a
-    /// new topic past `max_topics`.
-    fn check(&self, p: &Publish) -> Result<(), ProtocolError> {
+    /// new topic past `max_topics` or past `origin`'s quotas.
+    fn check(&self, p: &Publish, origin: Origin) -> Result<(), ProtocolError> {
         let fail = |e: ProtocolError| e.with_id(p.id.clone());
         topic::validate_topic(&p.topic)
             .map_err(|e| fail(ProtocolError::new(e.code(), e.to_string())))?;
@@ -711,6 +760,31 @@ impl<O: Outbox> Engine<O> {
                     self.config.max_topics
                 ),
             )));
+        }
+        if origin != 0 {
+            let usage = self.usage(origin);
+            let (max_topics, max_bytes) = (
+                self.config.max_topics_per_origin,
+                self.config.max_retained_bytes_per_origin,
+            );
+            let full = usage.topics >= max_topics || usage.retained >= max_bytes;
+            if full && self.topics.get(&p.topic).is_none() {
+                let (code, what) = if usage.topics >= max_topics {
+                    (
+                        "too_many_topics",
+                        format!(
+                            "the {} topics you created are your maximum (max_topics_per_subject)",
+                            usage.topics
+                        ),
+                    )
+                } else {
+                    ("retained_limit", format!("the topics you created keep {} bytes, your maximum of {max_bytes} (max_retained_bytes_per_subject)", usage.retained))
+                };
+                return Err(fail(ProtocolError::new(
+                    code,
+                    format!("{what}: publish to the topics you have, or wait for idle ones to be forgotten"),
+                )));
+            }
         }
         if p.payload.len() > self.config.max_message_bytes {
             return Err(fail(ProtocolError::new(
@@ -733,9 +807,19 @@ impl<O: Outbox> Engine<O> {
 
     /// Gives the message its topic's next sequence number, records it and fans it out under
     /// each connection's slow-consumer policy.
-    fn append(&mut self, p: &Publish, now_us: u64, numbering: Numbering) -> Published {
+    fn append(
+        &mut self,
+        p: &Publish,
+        now_us: u64,
+        numbering: Numbering,
+        origin: Origin,
+    ) -> Published {
         let config = &self.config;
         let state = self.topics.entry(config, &p.topic, numbering);
+        if origin != 0 && state.owner == 0 && state.last_at == 0 {
+            state.owner = origin;
+            usage_of(&mut self.usage, origin).topics += 1;
+        }
         state.prefetch_oldest();
         state.seq += 1;
         let seq = state.seq;
@@ -751,6 +835,7 @@ impl<O: Outbox> Engine<O> {
             state.last_at = generation;
             state.last_us = now_us;
             state.dropped_at = generation;
+            charge(&mut self.usage, state);
             self.matched = matched;
             return Published {
                 seq,
@@ -758,10 +843,10 @@ impl<O: Outbox> Engine<O> {
                 cut: Vec::new(),
             };
         }
-        let default = state.policy_rule.map_or((Policy::Disconnect, None), |i| {
+        let rule = state.policy_rule();
+        let default = rule.map_or((Policy::Disconnect, None), |i| {
             (config.policy[i].policy, config.policy[i].max_rate)
         });
-        let rule = state.policy_rule;
         let meta = MessageMeta {
             head: &state.head,
             seq,
@@ -781,6 +866,7 @@ impl<O: Outbox> Engine<O> {
                 frame: frame.clone(),
             },
         );
+        charge(&mut self.usage, state);
         // Borrowed, not cloned: the fan-out below touches other fields only.
         let name = &state.name;
 
@@ -856,7 +942,7 @@ impl<O: Outbox> Engine<O> {
         let default = self
             .topics
             .get(topic_name)
-            .and_then(|t| t.policy_rule)
+            .and_then(|t| t.policy_rule())
             .or_else(|| self.policy_rule_for(topic_name))
             .map_or((Policy::Disconnect, None), |i| {
                 (self.config.policy[i].policy, self.config.policy[i].max_rate)
@@ -1024,6 +1110,37 @@ impl<O: Outbox> Engine<O> {
         self.subscriptions -= 1;
         self.reply(conn, &Reply::Unsubscribed { id, topic: pattern });
         Ok(())
+    }
+}
+
+/// `origin`'s usage, made when first needed.
+fn usage_of(usage: &mut Vec<Usage>, origin: Origin) -> &mut Usage {
+    let at = origin as usize;
+    if usage.len() <= at {
+        usage.resize(at + 1, Usage::default());
+    }
+    &mut usage[at]
+}
+
+/// Brings what `state`'s owner is charged for it up to date with what it keeps now.
+fn charge(usage: &mut Vec<Usage>, state: &mut TopicState) {
+    if state.owner == 0 {
+        return;
+    }
+    let now = u32::try_from(state.retained()).unwrap_or(u32::MAX);
+    let owner = usage_of(usage, state.owner);
+    owner.retained = owner.retained - state.charged as usize + now as usize;
+    state.charged = now;
+}
+
+/// Stops charging `state`'s owner for it: the topic is being forgotten.
+fn discharge(usage: &mut [Usage], state: &TopicState) {
+    if let Some(owner) = usage
+        .get_mut(state.owner as usize)
+        .filter(|_| state.owner != 0)
+    {
+        owner.retained -= state.charged as usize;
+        owner.topics -= 1;
     }
 }
 

@@ -388,6 +388,11 @@ impl Access {
         self.deadline.as_ref().map(watch::Sender::subscribe)
     }
 
+    /// The subject (`sub`) of the token presented, if any.
+    pub fn subject(&self) -> Option<&str> {
+        self.session.as_ref()?.subject.as_deref()
+    }
+
     /// Takes a token (from the upgrade request or an `auth` message); replaces any earlier one.
     pub fn present(&mut self, token: &str) -> Result<Option<u64>, Refused> {
         let Some(auth) = &self.auth else {

@@ -211,6 +211,8 @@ impl Config {
             lossless_topics: self.lossless_topics.clone(),
             max_topics: self.max_topics,
             topic_idle_us: self.topic_idle_secs.saturating_mul(1_000_000),
+            max_topics_per_origin: self.limits.max_topics_per_subject,
+            max_retained_bytes_per_origin: self.limits.max_retained_bytes_per_subject,
         }
     }
 }

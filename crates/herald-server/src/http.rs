@@ -11,6 +11,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use herald_core::engine::Origin;
 use herald_core::wire::{PayloadKind, ProtocolError, Publish};
 use serde::Deserialize;
 use serde_json::json;
@@ -143,9 +144,10 @@ async fn publish(
             return response;
         }
     }
-    if let Err(refusal) = authorize_publish(&node, &headers, &topic) {
-        return refusal;
-    }
+    let origin = match authorize_publish(&node, &headers, &topic) {
+        Ok(origin) => origin,
+        Err(refusal) => return refusal,
+    };
     authenticated(&node, socket.as_deref());
     let limit = node.config.max_message_bytes;
     let too_large = || {
@@ -213,13 +215,15 @@ async fn publish(
         content_type,
         stamp: options.stamp,
     };
-    match node.publish_http(&request).await {
+    match node.publish_http(&request, origin).await {
         Ok(p) => {
             Json(json!({"topic": request.topic.as_str(), "seq": p.seq, "deliveries": p.deliveries}))
                 .into_response()
         }
         Err(e) if e.code == "message_too_large" => error(StatusCode::PAYLOAD_TOO_LARGE, e),
-        Err(e) if e.code == "too_many_topics" => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e) if e.code == "too_many_topics" || e.code == "retained_limit" => {
+            error(StatusCode::SERVICE_UNAVAILABLE, e)
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }
@@ -271,14 +275,18 @@ pub fn require_admin(node: &Node, headers: &HeaderMap) -> Result<(), Response> {
 }
 
 /// With auth on, publishing over HTTP needs the admin API key or a token granting the topic.
+/// Returns who the publish is charged to (a token's subject; the admin key and auth off:
+/// nobody).
 #[allow(clippy::result_large_err)]
-fn authorize_publish(node: &Node, headers: &HeaderMap, topic: &str) -> Result<(), Response> {
+fn authorize_publish(node: &Node, headers: &HeaderMap, topic: &str) -> Result<Origin, Response> {
     let Some(auth) = &node.auth else {
-        return Ok(());
+        return Ok(0);
     };
     match auth.http_caller(headers) {
-        Ok(Caller::Admin) => Ok(()),
-        Ok(Caller::Token(s)) if s.grants.may_publish(topic) => Ok(()),
+        Ok(Caller::Admin) => Ok(0),
+        Ok(Caller::Token(s)) if s.grants.may_publish(topic) => {
+            Ok(node.origin_of(s.subject.as_deref()))
+        }
         Ok(Caller::Token(s)) => Err(refuse(
             node,
             StatusCode::FORBIDDEN,

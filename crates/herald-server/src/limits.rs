@@ -55,6 +55,12 @@ pub struct LimitsConfig {
     pub http_publish_rate_per_ip: f64,
     /// ...and in a burst.
     pub http_publish_burst_per_ip: u32,
+    /// Topics one token subject may have created that herald still holds (auth on); a publish
+    /// that would create another is refused (`too_many_topics`).
+    pub max_topics_per_subject: usize,
+    /// Bytes the topics one token subject created may keep (history, or last value); past it,
+    /// it may create no more topics (`retained_limit`).
+    pub max_retained_bytes_per_subject: usize,
 }
 
 impl Default for LimitsConfig {
@@ -76,6 +82,8 @@ impl Default for LimitsConfig {
             max_partial_bytes: 512 << 20,
             http_publish_rate_per_ip: 10_000.0,
             http_publish_burst_per_ip: 10_000,
+            max_topics_per_subject: 10_000,
+            max_retained_bytes_per_subject: 128 << 20,
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::nats::NatsBroker;
 use crate::tls::Tls;
-use herald_core::engine::{ConnId, Engine, Published};
+use herald_core::engine::{ConnId, Engine, Origin, Published};
 use herald_core::wire::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -47,6 +47,8 @@ pub struct Node {
     pub vbds: crate::vbds::Streams,
     /// How long each `lossless` subscriber has kept publishers waiting lately.
     holds: Mutex<HashMap<ConnId, HoldMeter>>,
+    /// Token subjects by the [`Origin`] their publishes are charged to.
+    origins: Mutex<HashMap<Box<str>, Origin>>,
 }
 
 /// How often the sweep takes its next slice of topics, and how many ([`Node::sweep`]): a
@@ -93,12 +95,29 @@ impl Node {
             tls: Tls::from_config(&config.tls)?,
             introspection: Introspection::default(),
             holds: Mutex::default(),
+            origins: Mutex::default(),
             config,
         }))
     }
 
-    /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`).
-    pub async fn publish_http(&self, p: &Publish) -> Result<Published, ProtocolError> {
+    /// The [`Origin`] a token subject's publishes are charged to (topic quotas): one per
+    /// subject, a token without `sub` counted as the subject "". With auth off, nobody's.
+    pub fn origin_of(&self, subject: Option<&str>) -> Origin {
+        if self.auth.is_none() {
+            return 0;
+        }
+        let mut origins = self.origins.lock();
+        let next = origins.len() as Origin + 1;
+        *origins.entry(subject.unwrap_or("").into()).or_insert(next)
+    }
+
+    /// Publishes from HTTP (WebSocket publishes go through `Engine::handle`), charged to
+    /// `origin`.
+    pub async fn publish_http(
+        &self,
+        p: &Publish,
+        origin: Origin,
+    ) -> Result<Published, ProtocolError> {
         let mut pending = Pending::default();
         let result = self
             .when_admitted(
@@ -107,7 +126,7 @@ impl Node {
                 &mut pending,
                 |engine, pending| {
                     let now = now_us();
-                    let result = pending.collect(|| engine.publish(p, now));
+                    let result = pending.collect(|| engine.publish_by(p, origin, now));
                     if let Ok(published) = &result {
                         self.hand_to_broker(engine, p, published, now);
                     }

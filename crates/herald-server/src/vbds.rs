@@ -204,7 +204,7 @@ async fn transfer(
         content_type: Some(content_type),
         stamp: false,
     };
-    let seq = match node.publish_http(&request).await {
+    let seq = match node.publish_http(&request, 0).await {
         Ok(published) => published.seq,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };

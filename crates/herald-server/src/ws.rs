@@ -204,6 +204,8 @@ async fn run_session(
                 if let Some(socket) = &socket {
                     socket.authenticated();
                 }
+                let origin = node.origin_of(access.subject());
+                node.engine.lock().set_origin(id, origin);
             }
             Err(Refused(why)) => {
                 node.count_error("unauthorized");
@@ -551,7 +553,7 @@ async fn read_requests(session: Session<'_>, reader: &mut FrameReader) -> Discon
         // In a block of its own: the request's slots end here, so that a wait keeps only
         // its box across the await (rustc keeps a moved-from local while it is in scope).
         let (waiting, releases) = {
-            let request = match admitted(node, conn, access, socket, binary, payload) {
+            let request = match admitted(node, id, conn, access, socket, binary, payload) {
                 Ok(request) => request,
                 Err(None) => continue,
                 Err(Some(why)) => return why,
@@ -597,6 +599,7 @@ async fn read_requests(session: Session<'_>, reader: &mut FrameReader) -> Discon
 /// connection closed for it (`Some`, why).
 fn admitted(
     node: &Node,
+    id: ConnId,
     conn: &Connection,
     access: &mut Access,
     socket: Option<&SocketHandle>,
@@ -635,6 +638,9 @@ fn admitted(
                     if let Some(socket) = socket {
                         socket.authenticated();
                     }
+                    // A refresh keeps the subject, so this is the same origin again.
+                    let origin = node.origin_of(access.subject());
+                    node.engine.lock().set_origin(id, origin);
                 }
                 _ => {}
             }

@@ -13,7 +13,7 @@
 //! held, an epoch that changed, and the part of a recovery larger than the connection may queue
 //! (`Outbox::recovery_room`): the oldest messages are left out first.
 
-use super::{Engine, Outbox};
+use super::{charge, Engine, Outbox};
 use crate::topic;
 use crate::wire::{Frame, Gap, GapReason, Subscribe};
 use std::collections::BTreeMap;
@@ -127,6 +127,7 @@ impl<O: Outbox> Engine<O> {
             };
             if let Some(rule) = state.history_rule(&self.config) {
                 state.trim_by_age(rule, now_us);
+                charge(&mut self.usage, state);
             }
             let t = plan.topic(&state.name);
             let replay = |plan: &mut Plan, from_seq: u64| {
@@ -181,6 +182,7 @@ impl<O: Outbox> Engine<O> {
                 if recovering && state.last_at > cursor {
                     if let Some(rule) = state.history_rule(&self.config) {
                         state.trim_by_age(rule, now_us);
+                        charge(&mut self.usage, state);
                     }
                     let t = plan.topic(&name);
                     if state.dropped_at > cursor {

@@ -8,7 +8,7 @@
 //! resuming where it stopped, so that one call holds the engine's lock for a bounded time
 //! whatever the number of topics.
 
-use super::{Engine, Outbox};
+use super::{charge, discharge, Engine, Outbox};
 use std::sync::Arc;
 
 /// What one slice of a sweep did.
@@ -45,6 +45,7 @@ impl<O: Outbox> Engine<O> {
             };
             if let Some(rule) = state.history_rule(&self.config) {
                 state.trim_by_age(rule, now_us);
+                charge(&mut self.usage, state);
             }
             let idle = idle_us > 0 && now_us.saturating_sub(state.last_us) > idle_us;
             let mut subscribed = false;
@@ -52,6 +53,7 @@ impl<O: Outbox> Engine<O> {
                 self.index.for_each_match(&name, |_| subscribed = true);
             }
             if idle && !subscribed {
+                discharge(&mut self.usage, state);
                 self.topics.remove(&name);
                 swept.forgotten += 1;
             }

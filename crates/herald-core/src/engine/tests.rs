@@ -1174,3 +1174,84 @@ fn the_sweep_trims_history_and_forgets_idle_unsubscribed_topics() {
     e.publish(&text("idle/1", "again"), 151 * secs).unwrap();
     assert_ne!(e.epoch_of("idle/1").unwrap(), epoch);
 }
+
+/// Each origin (a token's subject) may create at most `max_topics_per_origin` topics, and no
+/// more once what its topics keep passes `max_retained_bytes_per_origin`; forgotten topics
+/// give their share back; origin 0 and others' topics are not charged.
+#[test]
+fn an_origin_is_charged_for_the_topics_it_creates() {
+    let config = EngineConfig {
+        max_topics_per_origin: 2,
+        max_retained_bytes_per_origin: 3000,
+        topic_idle_us: 10,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let (alice, inbox) = client(&mut e);
+    e.set_origin(alice, 1);
+    let big = "x".repeat(1000);
+    req(
+        &mut e,
+        alice,
+        &format!(r#"{{"op":"pub","topic":"a/1","data":"{big}"}}"#),
+        0,
+    )
+    .unwrap();
+    req(&mut e, alice, r#"{"op":"pub","topic":"a/2","data":"y"}"#, 0).unwrap();
+    let usage = e.usage(1);
+    assert_eq!(usage.topics, 2);
+    assert!(usage.retained > 1000 && usage.retained < 1200, "{usage:?}");
+    // A third topic is refused; publishing to its own topics goes on.
+    assert_eq!(
+        req(
+            &mut e,
+            alice,
+            r#"{"op":"pub","id":1,"topic":"a/3","data":"z"}"#,
+            0
+        ),
+        Err("too_many_topics")
+    );
+    assert_eq!(inbox.take()[0]["id"], 1);
+    req(
+        &mut e,
+        alice,
+        r#"{"op":"pub","topic":"a/2","data":"again"}"#,
+        0,
+    )
+    .unwrap();
+    // Someone else's topics, and publishes nobody is charged for, cost alice nothing.
+    publish(&mut e, "b/1", "other");
+    req(
+        &mut e,
+        alice,
+        r#"{"op":"pub","topic":"b/1","data":"mine too"}"#,
+        0,
+    )
+    .unwrap();
+    assert_eq!(e.usage(1).topics, 2);
+    // Over its bytes, alice may create no topic even with room in the count.
+    e.sweep(1_000, None, 100);
+    assert_eq!(
+        e.usage(1),
+        Usage::default(),
+        "forgotten topics are given back"
+    );
+    let huge = "x".repeat(3000);
+    req(
+        &mut e,
+        alice,
+        &format!(r#"{{"op":"pub","topic":"a/4","data":"{huge}"}}"#),
+        2_000,
+    )
+    .unwrap();
+    assert_eq!(
+        req(
+            &mut e,
+            alice,
+            r#"{"op":"pub","topic":"a/5","data":"z"}"#,
+            2_000
+        ),
+        Err("retained_limit")
+    );
+    assert_eq!(e.usage(1).topics, 1);
+}

@@ -87,6 +87,13 @@ impl KeptPayload {
         }
     }
 
+    pub fn len(&self) -> usize {
+        match self {
+            KeptPayload::Inline { len, .. } => *len as usize,
+            KeptPayload::Detached(bytes) => bytes.len(),
+        }
+    }
+
     pub fn to_bytes(&self) -> Bytes {
         match self {
             KeptPayload::Inline { len, bytes } => Bytes::copy_from_slice(&bytes[..*len as usize]),
@@ -101,8 +108,13 @@ pub(super) struct TopicState {
     key: CompactString,
     /// The name, shared with every queued delivery of this topic.
     pub name: Arc<str>,
-    /// Index into `EngineConfig::policy`: the topic's default slow-consumer policy.
-    pub policy_rule: Option<usize>,
+    /// Index into `EngineConfig::policy`: the topic's default slow-consumer policy (32 bits:
+    /// the state stays in its size class).
+    policy_rule: Option<u32>,
+    /// Who created the topic, charged for it (see [`super::Origin`]); 0: nobody.
+    pub owner: super::Origin,
+    /// The bytes the owner is charged for the topic now (see [`TopicState::retained`]).
+    pub charged: u32,
     pub seq: u64,
     pub epoch: String,
     /// The JSON its messages start with under this epoch.
@@ -133,6 +145,24 @@ pub(super) struct TopicState {
 }
 
 impl TopicState {
+    /// The topic's default policy rule, if any.
+    pub fn policy_rule(&self) -> Option<usize> {
+        self.policy_rule.map(|i| i as usize)
+    }
+
+    /// The bytes the topic keeps: its history, or its last value when it keeps no history
+    /// (the last value is the history's newest message otherwise, shared, not copied).
+    pub fn retained(&self) -> usize {
+        if !self.history.is_empty() {
+            return self.history_bytes;
+        }
+        match &self.last {
+            Some(Last::Frame(frame)) => frame.len(),
+            Some(Last::Unencoded(m)) => m.payload.len(),
+            None => 0,
+        }
+    }
+
     /// The history rule the topic is kept under, if any.
     pub fn history_rule<'a>(&self, config: &'a EngineConfig) -> Option<&'a HistoryRule> {
         self.rule.map(|i| &config.history[i as usize])
@@ -306,7 +336,9 @@ impl Topics {
             let state = TopicState {
                 key: name.into(),
                 name: name.into(),
-                policy_rule: policy_rule(config, name),
+                policy_rule: policy_rule(config, name).map(|i| i as u32),
+                owner: 0,
+                charged: 0,
                 seq: 0,
                 head: MessageHead::new(name, &epoch),
                 epoch,
