@@ -13,6 +13,7 @@
 
 use crate::connection::{write_frames, Connection, QueueLimits};
 use crate::frame_reader::FrameReader;
+use crate::limits::{SocketHandle, Sockets};
 use crate::metrics::Disconnect;
 use crate::node::{now_us, Node};
 use crate::ws::{self, ReadHalf, WriteHalf};
@@ -242,8 +243,13 @@ async fn access(
     let Some(lossless) = node.vbds.streams.lock().get(&name).map(|s| s.lossless) else {
         return missing(StatusCode::NOT_FOUND, &name);
     };
+    // Its partly received messages count against the server-wide budget like any session's.
+    let budget = request
+        .extensions()
+        .get::<SocketHandle>()
+        .map(|s| s.sockets().clone());
     ws::accept(node, request, move |node, read, write, _token| {
-        run_subscriber(node, name, lossless, read, write)
+        run_subscriber(node, name, lossless, read, write, budget)
     })
 }
 
@@ -255,6 +261,7 @@ async fn run_subscriber(
     lossless: bool,
     read: ReadHalf,
     mut write: WriteHalf,
+    budget: Option<Arc<Sockets>>,
 ) {
     let conn = Connection::new(QueueLimits::of(&node.config), node.metrics.clone());
     let id = node.engine.lock().connect(conn.clone());
@@ -275,7 +282,7 @@ async fn run_subscriber(
         stream.subscribers.push(Subscriber { progress: rx });
     }
     let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
-    let reader = read_acks(&node, &conn, read, acks_tx);
+    let reader = read_acks(&node, &conn, read, budget, acks_tx);
     let writer = async {
         let mut batch = Vec::new();
         loop {
@@ -321,6 +328,19 @@ async fn run_subscriber(
         _ = reader => {}
         _ = writer => {}
     }
+    // Closed by the reader (a bad frame, the partly received bytes budget): its close frame
+    // is still queued.
+    if conn.is_closing() {
+        let grace = std::time::Duration::from_secs(node.config.shutdown_grace_secs);
+        let mut batch = Vec::new();
+        let _ = tokio::time::timeout(grace, async {
+            if conn.next_frames(&mut batch).await {
+                let close = batch.pop().into_iter().collect();
+                let _ = write_frames(&mut write, &mut { close }).await;
+            }
+        })
+        .await;
+    }
     node.disconnect(id);
     node.metrics
         .disconnected(conn.close_reason().unwrap_or(Disconnect::ClientClosed));
@@ -350,9 +370,10 @@ async fn read_acks(
     node: &Node,
     conn: &Arc<Connection>,
     read: ReadHalf,
+    budget: Option<Arc<Sockets>>,
     acks: tokio::sync::mpsc::UnboundedSender<()>,
 ) {
-    let mut reader = FrameReader::new(read, ws::frame_limit(node));
+    let mut reader = FrameReader::new(read, ws::frame_limit(node)).with_budget(budget);
     loop {
         match reader.next().await {
             Ok(Inbound::Message { .. }) if acks.send(()).is_err() => return,

@@ -29,8 +29,13 @@ async fn connect_from(addr: SocketAddr) -> std::io::Result<TcpStream> {
 
 /// A raw WebSocket handshake on `socket`; returns once the 101 has been read.
 async fn raw_upgrade(socket: &mut TcpStream, query: &str) {
+    raw_upgrade_at(socket, &format!("/ws{query}")).await
+}
+
+/// The WebSocket handshake on `path`, by hand.
+async fn raw_upgrade_at(socket: &mut TcpStream, path: &str) {
     let request = format!(
-        "GET /ws{query} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        "GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     );
     socket.write_all(request.as_bytes()).await.unwrap();
@@ -379,6 +384,39 @@ async fn partly_received_messages_and_bodies_share_a_server_wide_budget() {
             .await,
         1.0
     );
+    server.stop().await;
+}
+
+/// A VBDS subscriber's socket shares the budget: a message it never finishes cannot hold more
+/// than the server allows.
+#[tokio::test]
+async fn a_vbds_subscriber_shares_the_partial_bytes_budget() {
+    let server = TestServer::start(Config {
+        limits: LimitsConfig {
+            max_partial_bytes: 1 << 20,
+            ..LimitsConfig::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let (status, reply) = http(server.addr, "POST", "/vbds/admin/streams/cam", &[], &[]).await;
+    assert_eq!(status, 200, "{reply}");
+    let mut a = TcpStream::connect(server.addr).await.unwrap();
+    raw_upgrade(&mut a, "").await;
+    a.write_all(&client_frame(0x2, true, 900 << 10))
+        .await
+        .unwrap();
+    a.write_all(&vec![0u8; 700 << 10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut vbds = TcpStream::connect(server.addr).await.unwrap();
+    raw_upgrade_at(&mut vbds, "/vbds/access/streams/cam").await;
+    vbds.write_all(&client_frame(0x2, true, 700 << 10))
+        .await
+        .unwrap();
+    let _ = vbds.write_all(&vec![0u8; 700 << 10]).await;
+    let (closed, said) = closed_within(&mut vbds, Duration::from_secs(3)).await;
+    assert!(closed);
+    assert_eq!(close_code(&said), Some(1013));
     server.stop().await;
 }
 
