@@ -51,11 +51,12 @@ pub struct Node {
     origins: Mutex<HashMap<Box<str>, Origin>>,
 }
 
-/// How often the sweep takes its next slice of topics, and how many ([`Node::sweep`]): a
-/// million topics are gone through in under a minute, each slice holding the engine's lock
-/// briefly.
-const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// The sweep ([`Node::sweep`]) goes through every topic once per cycle, a slice of at most
+/// [`SWEEP_SLICE`] topics at a time, the slices spread over the cycle and at least
+/// [`SWEEP_MIN_GAP`] apart: each slice holds the engine's lock briefly, and a few topics cost
+/// a few sweeps a minute, not ten a second.
 const SWEEP_SLICE: usize = 2_000;
+const SWEEP_MIN_GAP: Duration = Duration::from_millis(100);
 
 /// The window over which a `lossless` subscriber's share of holding publishers is counted.
 pub const LOSSLESS_HOLD_WINDOW: Duration = Duration::from_secs(10);
@@ -371,14 +372,20 @@ impl Node {
         self.released.notify_waiters();
     }
 
-    /// Trims aged history and forgets idle topics (`Engine::sweep`), a slice every
-    /// [`SWEEP_EVERY`], until the node is dropped.
+    /// Trims aged history and forgets idle topics (`Engine::sweep`), a slice at a time, until
+    /// the node is dropped. A cycle takes a quarter of the shortest time it enforces
+    /// (`topic_idle_secs`, a history rule's `max_age_secs`), between 1 s and 60 s.
     pub async fn sweep(node: std::sync::Weak<Node>) {
+        let Some(cycle) = node.upgrade().map(|n| n.sweep_cycle()) else {
+            return;
+        };
         let mut after: Option<Arc<str>> = None;
-        let mut tick = tokio::time::interval(SWEEP_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            let Some(slices) = node.upgrade().map(|n| n.engine.lock().topic_count()) else {
+                return;
+            };
+            let slices = slices.div_ceil(SWEEP_SLICE).max(1) as u32;
+            tokio::time::sleep((cycle / slices).max(SWEEP_MIN_GAP)).await;
             let Some(node) = node.upgrade() else {
                 return;
             };
@@ -389,6 +396,14 @@ impl Node {
             node.metrics.topics_forgotten.inc_by(swept.forgotten as u64);
             after = swept.resume_after;
         }
+    }
+
+    /// How long one sweep of every topic takes (see [`Node::sweep`]).
+    fn sweep_cycle(&self) -> Duration {
+        let ages = self.config.history.iter().map(|r| r.max_age_secs);
+        let idle = (self.config.topic_idle_secs > 0).then_some(self.config.topic_idle_secs);
+        let shortest = ages.chain(idle).min().unwrap_or(u64::MAX);
+        Duration::from_secs((shortest / 4).clamp(1, 60))
     }
 
     /// Accounts for what a client's request came to: its publish, or its error.
