@@ -188,6 +188,7 @@ impl<O: Outbox> Engine<O> {
         let stale: Vec<Arc<str>> = self
             .topics
             .matching(pattern)
+            .into_iter()
             .filter(|t| t.foreign && !counts.keys().any(|p| topic::matches(p, &t.name)))
             .map(|t| t.name.clone())
             .collect();

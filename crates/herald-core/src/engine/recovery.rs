@@ -172,6 +172,7 @@ impl<O: Outbox> Engine<O> {
             let others: Vec<Arc<str>> = self
                 .topics
                 .matching(&s.topic)
+                .into_iter()
                 .filter(|t| !s.since.contains_key(&*t.name))
                 .map(|t| t.name.clone())
                 .collect();

@@ -1065,18 +1065,16 @@ fn a_recovery_larger_than_its_room_sends_the_newest_and_says_what_it_left_out() 
     assert_eq!(seqs_of(&got, "cam/2"), [2, 3]);
 }
 
-/// Finding a pattern's topics walks the names under its literal prefix, and finds exactly what
-/// matching every topic would.
+/// Finding a pattern's topics walks the ordered names level by level and finds exactly what
+/// matching every topic would, in name order, including levels that sort between another level
+/// and its subtree (`a/b-x` lies between `a/b` and `a/b/c`).
 #[test]
-fn a_patterns_topics_are_found_by_its_prefix() {
-    let mut e = engine();
+fn a_patterns_topics_are_found_by_walking_the_names() {
     let names = [
-        "a", "a/b", "a/b/c", "a/bb", "a/b/c/d", "ab/c", "b/a", "a/x/c", "a/b/>x", "z",
+        "a", "a/b", "a/b/c", "a/bb", "a/b/c/d", "ab/c", "b/a", "a/x/c", "a/b/>x", "z", "a/b-x",
+        "a/b-x/c", "a/b.y/c", "a-/c", "a./c", "a/b!/c", "c/a", "c/b/a", "c/b-/a",
     ];
-    for n in names {
-        publish(&mut e, n, "v");
-    }
-    for pattern in [
+    let patterns = [
         "a/>",
         "a/*",
         "a/*/c",
@@ -1086,27 +1084,80 @@ fn a_patterns_topics_are_found_by_its_prefix() {
         "a/b/>",
         "*",
         "nothing/>",
-    ] {
-        let found: Vec<String> = e
-            .topics
-            .matching(pattern)
-            .map(|t| t.name.to_string())
-            .collect();
-        let mut expected: Vec<String> = names
-            .iter()
-            .filter(|n| topic::matches(pattern, n))
-            .map(|n| n.to_string())
-            .collect();
-        expected.sort();
-        assert_eq!(found, expected, "{pattern}");
+        "*/c",
+        "*/*/a",
+        "*/b/>",
+        "*/*",
+        "*/*/*",
+        "a/*/>",
+        "c/*/a",
+        "*/b-/a",
+        "a/b-x/*",
+    ];
+    assert_walks_as_brute_force(&names, patterns.iter().copied());
+    // Every pattern over a small universe of levels, a third of its topics missing.
+    let levels = ["a", "b", "a-", "b0"];
+    let mut universe = Vec::new();
+    for x in levels {
+        universe.push(x.to_string());
+        for y in levels {
+            universe.push(format!("{x}/{y}"));
+            for z in levels {
+                universe.push(format!("{x}/{y}/{z}"));
+            }
+        }
+    }
+    let held: Vec<&str> = universe
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 1)
+        .map(|(_, n)| n.as_str())
+        .collect();
+    let parts = ["a", "b", "a-", "*"];
+    let mut patterns = vec![">".to_string()];
+    for x in parts {
+        patterns.extend([x.to_string(), format!("{x}/>")]);
+        for y in parts {
+            patterns.extend([format!("{x}/{y}"), format!("{x}/{y}/>")]);
+            patterns.extend(parts.iter().map(|z| format!("{x}/{y}/{z}")));
+        }
+    }
+    assert_walks_as_brute_force(&held, patterns.iter().map(String::as_str));
+
+    let mut e = engine();
+    for n in names {
+        publish(&mut e, n, "v");
     }
     let page: Vec<&str> = e
         .topics_page("a/", Some("a/b/c"), 2)
         .map(|t| t.name)
         .collect();
     assert_eq!(page, ["a/b/c/d", "a/bb"]);
-    assert_eq!(e.topic_count_under("a/"), 6);
+    assert_eq!(e.topic_count_under("a/"), 10);
     assert_eq!(e.topic_count_under(""), names.len());
+}
+
+/// `Topics::matching` finds, for every pattern, what testing every topic of `names` finds.
+fn assert_walks_as_brute_force<'p>(names: &[&str], patterns: impl Iterator<Item = &'p str>) {
+    let mut e = engine();
+    for n in names {
+        publish(&mut e, n, "v");
+    }
+    for pattern in patterns {
+        let found: Vec<&str> = e
+            .topics
+            .matching(pattern)
+            .iter()
+            .map(|t| &*t.name)
+            .collect();
+        let mut expected: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| topic::matches(pattern, n))
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(found, expected, "{pattern}");
+    }
 }
 
 /// Past `max_topics`, a publish that would create a topic is refused; existing topics go on.

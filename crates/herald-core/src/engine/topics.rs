@@ -385,22 +385,87 @@ impl Topics {
         }
     }
 
-    /// The topics `pattern` matches, in name order. Costs what it finds plus the topics that
-    /// share the pattern's literal prefix (the levels before its first wildcard): `a/b/>`
-    /// walks only `a/b/…`; a pattern that starts with a wildcard walks every topic.
-    pub fn matching<'a>(&'a self, pattern: &'a str) -> impl Iterator<Item = &'a TopicState> + 'a {
-        let exact = (!topic::is_pattern(pattern))
-            .then(|| self.get(pattern))
-            .flatten();
-        let prefix = literal_prefix(pattern);
-        let walked = topic::is_pattern(pattern).then(|| {
-            self.names
-                .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
-                .take_while(move |name| name.starts_with(prefix))
-                .filter(move |name| topic::matches(pattern, name))
-                .filter_map(|name| self.get(name))
-        });
-        exact.into_iter().chain(walked.into_iter().flatten())
+    /// The topics `pattern` matches, in name order. Walks the ordered names level by level: a
+    /// literal level narrows the range, a trailing `>` takes the rest of it, and `*` steps
+    /// from one distinct level to the next, a seek each. So the cost is what it finds plus one
+    /// seek per distinct level a `*` stands for: `a/b/>` looks only at `a/b/…`, and `*/x` at
+    /// one name per first level, never at every topic.
+    pub fn matching(&self, pattern: &str) -> Vec<&TopicState> {
+        let levels: Vec<&str> = pattern.split('/').collect();
+        let mut found = Vec::new();
+        self.walk(&mut String::new(), &levels, &mut found);
+        // `*` visits its levels in order, but a level followed by a byte below `/` sorts
+        // between another level and its subtree: sorted once here.
+        found.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        found
+    }
+
+    /// [`Topics::matching`] from `prefix` (empty, or ending in `/`) for the remaining `levels`.
+    fn walk<'a>(&'a self, prefix: &mut String, levels: &[&str], found: &mut Vec<&'a TopicState>) {
+        let Some((&level, rest)) = levels.split_first() else {
+            return;
+        };
+        let at = prefix.len();
+        let from = |bound: Bound<&str>| self.names.range::<str, _>((bound, Bound::Unbounded));
+        match level {
+            ">" if rest.is_empty() => {
+                let under = from(Bound::Included(prefix.as_str()))
+                    .take_while(|name| name.starts_with(prefix.as_str()));
+                found.extend(under.filter_map(|name| self.get(name)));
+            }
+            "*" => {
+                let mut seen = std::collections::HashSet::new();
+                let mut cursor = prefix.clone();
+                let mut inclusive = true;
+                loop {
+                    let bound = if inclusive {
+                        Bound::Included(cursor.as_str())
+                    } else {
+                        Bound::Excluded(cursor.as_str())
+                    };
+                    let Some(name) = from(bound).next() else {
+                        break;
+                    };
+                    if !name.starts_with(prefix.as_str()) {
+                        break;
+                    }
+                    let name: &'a str = name;
+                    let level = name[at..].split('/').next().unwrap_or_default();
+                    if seen.insert(level) {
+                        prefix.push_str(level);
+                        self.descend(prefix, rest, found);
+                        prefix.truncate(at);
+                    }
+                    // Next: past this name, and past the level's whole subtree once inside it
+                    // (`…/level0` is the first name after every `…/level/…`).
+                    cursor.clear();
+                    if name.as_bytes().get(at + level.len()) == Some(&b'/') {
+                        cursor.push_str(&name[..at + level.len()]);
+                        cursor.push('0');
+                        inclusive = true;
+                    } else {
+                        cursor.push_str(name);
+                        inclusive = false;
+                    }
+                }
+            }
+            literal => {
+                prefix.push_str(literal);
+                self.descend(prefix, rest, found);
+                prefix.truncate(at);
+            }
+        }
+    }
+
+    /// `prefix` names a level: the topic itself when no levels remain, else what lies below.
+    fn descend<'a>(&'a self, prefix: &mut String, rest: &[&str], found: &mut Vec<&'a TopicState>) {
+        if rest.is_empty() {
+            found.extend(self.get(prefix));
+        } else {
+            prefix.push('/');
+            self.walk(prefix, rest, found);
+            prefix.pop();
+        }
     }
 
     /// Names after `after` (all, when `None`) that start with `prefix`, in order, at most
@@ -441,19 +506,6 @@ fn probe<'a>(
     name: &'a str,
 ) -> (u64, impl Fn(&Box<TopicState>) -> bool + 'a) {
     (hasher.hash_one(name), move |s| s.key == name)
-}
-
-/// The levels of `pattern` before its first wildcard, each followed by `/` (empty when it
-/// starts with one): every topic the pattern matches starts with it.
-fn literal_prefix(pattern: &str) -> &str {
-    let mut end = 0;
-    for level in pattern.split('/') {
-        if level == "*" || level == ">" {
-            return &pattern[..end];
-        }
-        end += level.len() + 1;
-    }
-    pattern
 }
 
 /// The epoch of the `n`th numbering an engine started.
