@@ -102,18 +102,7 @@ async fn connect_with(server: &TestServer, query: &str, bearer: Option<&str>) ->
 
 /// One metric series, fetched with the admin key (0 when absent).
 async fn admin_metric(server: &TestServer, series: &str) -> f64 {
-    let admin = format!("Bearer {ADMIN_KEY}");
-    let (_, text) = http(
-        server.addr,
-        "GET",
-        "/metrics",
-        &[("Authorization", &admin)],
-        &[],
-    )
-    .await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.parse().unwrap())
+    common::metric(server.addr, ADMIN_KEY, series).await
 }
 
 /// Sends a request with id 1 and returns the reply.

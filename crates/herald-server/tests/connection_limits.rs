@@ -175,18 +175,7 @@ impl Secret {
 
     /// One metric series, read with the admin key (0 when absent).
     async fn metric(&self, server: &TestServer, series: &str) -> f64 {
-        let admin = format!("Bearer {ADMIN_KEY}");
-        let (_, text) = http(
-            server.addr,
-            "GET",
-            "/metrics",
-            &[("Authorization", &admin)],
-            &[],
-        )
-        .await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-            .map_or(0.0, |v| v.parse().unwrap())
+        common::metric(server.addr, ADMIN_KEY, series).await
     }
 
     fn token(&self) -> String {

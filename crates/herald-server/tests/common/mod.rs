@@ -84,6 +84,15 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     http(addr, "GET", path, &[], &[]).await.1
 }
 
+/// One series of `/metrics`, fetched with `admin_key` (0 when absent).
+pub async fn metric(addr: SocketAddr, admin_key: &str, series: &str) -> f64 {
+    let admin = format!("Bearer {admin_key}");
+    let (_, text) = http(addr, "GET", "/metrics", &[("Authorization", &admin)], &[]).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
 /// Sends one HTTP/1.1 request; returns (status, body).
 pub async fn http(
     addr: SocketAddr,
