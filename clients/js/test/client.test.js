@@ -5,10 +5,9 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect, HeraldError, topicMatches, encodeBinaryFrame, decodeBinaryFrame } from "../src/herald-client.js";
-import { Herald, HERALD_BIN, until, freePort } from "./herald.js";
+import { Herald, HERALD_BIN, until, freePort, tempDir, heraldWith } from "./herald.js";
 import { execFile } from "node:child_process";
-import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 import { promisify } from "node:util";
@@ -335,22 +334,6 @@ test("close() ends the client: no reconnect, pending requests fail", async (t) =
   await sleep(200);
   assert.deepEqual(states, ["closed"]);
 });
-
-/** A temporary directory, removed after the test. */
-function tempDir(t) {
-  const dir = mkdtempSync(join(tmpdir(), "herald-sdk-"));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  return dir;
-}
-
-/** A herald of its own for one test, started with `config` (TOML) and `args`; stopped after it. */
-async function heraldWith(t, config, args = [], dir = tempDir(t)) {
-  const file = join(dir, "herald.toml");
-  writeFileSync(file, config);
-  const h = await Herald.start(["--config", file, ...args]);
-  t.after(() => h.stop());
-  return h;
-}
 
 /** A counter in herald's /metrics exposition, summed over the series carrying `label`. */
 async function metric(h, name, label) {

@@ -5,12 +5,11 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
 import { promisify } from "node:util";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { tmpdir } from "node:os";
 import { randomBytes } from "node:crypto";
 import { chromium } from "playwright-core";
-import { Herald, HERALD_BIN, freePort, until } from "./herald.js";
+import { Herald, HERALD_BIN, freePort, until, tempDir, heraldWith } from "./herald.js";
 import { writeFits } from "./fits-writer.js";
 import { connect } from "../src/herald-client.js";
 import { CHROMIUM, CHROMIUM_ARGS } from "./browser.js";
@@ -340,22 +339,6 @@ async function pageOn(t, h, hash = "", expected = /^$/) {
   });
   await p.goto(`${h.http}/${hash}`);
   return p;
-}
-
-/** A temporary directory, removed after the test. */
-function tempDir(t) {
-  const dir = mkdtempSync(join(tmpdir(), "herald-dash-"));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  return dir;
-}
-
-/** A herald of its own for one test with `config` (TOML); stopped after it. */
-async function heraldWith(t, config, args = [], dir = tempDir(t)) {
-  const file = join(dir, "herald.toml");
-  writeFileSync(file, config);
-  const h = await Herald.start(["--config", file, ...args]);
-  t.after(() => h.stop());
-  return h;
 }
 
 /** Pauses the page's main thread for `ms`, as a slow decode or a busy tab does. */

@@ -2,6 +2,9 @@
 // build) on a free loopback port, which `restart()` reuses so clients can reconnect to it.
 
 import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { createServer } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -107,4 +110,20 @@ export async function until(check, what, ms = 5_000) {
     if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${describe()}`);
     await sleep(20);
   }
+}
+
+/** A temporary directory, removed after the test. */
+export function tempDir(t) {
+  const dir = mkdtempSync(join(tmpdir(), "herald-test-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** A herald of its own for one test, started with `config` (TOML) and `args`; stopped after it. */
+export async function heraldWith(t, config, args = [], dir = tempDir(t)) {
+  const file = join(dir, "herald.toml");
+  writeFileSync(file, config);
+  const h = await Herald.start(["--config", file, ...args]);
+  t.after(() => h.stop());
+  return h;
 }
