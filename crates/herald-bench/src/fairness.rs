@@ -1,4 +1,4 @@
-//! Fairness: how evenly the server treats its subscribers (issue 4, target 11).
+//! Fairness: how evenly the server treats its subscribers.
 //!
 //! A fan-out writes one subscriber's socket after another; a server that always went through a
 //! topic's subscribers in the same order would make the last ones wait for every write ahead of
@@ -87,7 +87,7 @@ pub struct Fairness {
     pub median_p99_us: f64,
     /// The highest subscriber p99.
     pub worst_p99_us: f64,
-    /// worst ÷ best (1.0 = every subscriber equally served; target 11 asks ≤ 1.5).
+    /// worst ÷ best (1.0 = every subscriber equally served; herald holds itself to 1.5).
     pub spread: f64,
     /// The spread chance alone gives these subscribers ([`spread_by_chance`]); absent when
     /// the pooled latencies hold no sample (and in reports older than the field).

@@ -2,7 +2,7 @@
 //!
 //! On loopback the kernel does the receiver's TCP work inside the writer's system call, so a
 //! server's cost per delivery is mostly this figure, and on a shared virtual machine it moves
-//! while user-space speed does not (bench/RESULTS.md, session 10). Every report carries it,
+//! while user-space speed does not (bench/RESULTS.md, "Machine"). Every report carries it,
 //! measured just before the run, so that runs on a slow and a quick host can be told apart.
 
 use std::io::{Read, Write};

@@ -9,8 +9,8 @@
 //! hand ([`crate::ws_client::encode_client_frame`]) into one buffer per burst, written whole.
 //! Through tungstenite each message was copied twice more (an owned `Message`, its write
 //! buffer) and, when the socket took only part of a large burst, the write buffer moved the
-//! rest down after every write. Asked for 3 M discards/s beside 10 subscribers, herald taking
-//! 2.1–2.3 M/s, the bench's core went from 97–100% to 69–85% (bench/RESULTS.md, session 12).
+//! rest down after every write: at millions of discards a second the bench's own core was the
+//! limit, and written by hand it is not.
 //!
 //! Publisher `p` of `P` sends the global message numbers `p, p + P, p + 2P, …`, and message `g`
 //! goes to topic `spread.topic(g)`: the publishers together visit the topics in the spread order.

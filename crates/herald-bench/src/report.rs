@@ -419,7 +419,7 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
             &steps,
             |s| s.fairness.as_ref().map(fairness_cells),
         ) {
-            // Where chance alone spreads the p99s past the 1.5× that issue 4 asks for, the
+            // Where chance alone spreads the p99s past the 1.5× fairness bar, the
             // measured spread cannot show fairness either way: say so, and what helps.
             let noisy = steps
                 .iter()
@@ -452,7 +452,7 @@ fn per_step_line(
 }
 
 /// Above this spread by chance alone, the report notes that the window is too short for the
-/// fairness figure to mean much (issue 4, target 11, asks for ≤ 1.5×).
+/// fairness figure to mean much (the bar is a spread of at most 1.5×).
 const CHANCE_TOO_WIDE: f64 = 1.5;
 
 /// One step's fairness figures, as the report and the progress line print them.

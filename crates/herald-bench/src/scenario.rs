@@ -43,10 +43,10 @@ pub enum Kind {
     /// clients added step by step (seed 004).
     StockExchange,
     /// Large binary messages published back to back, each after every subscriber has the
-    /// previous one (seed 001, VBDS); optionally with slow subscribers beside (issue 5).
+    /// previous one (seed 001, VBDS); optionally with slow subscribers beside.
     Images,
     /// P publishers at a total rate R over T topics; `clients` policy subscribers on the
-    /// wildcard with `policy`/`max_rate` (issue 5: conflation at max_rate).
+    /// wildcard with `policy`/`max_rate` (conflation at a bounded rate).
     Conflation,
 }
 

@@ -173,7 +173,8 @@ pub fn steal_ms_per_core() -> Vec<f64> {
 
 /// What else took the cores in a window, beside the load: the server waiting for its core while
 /// other tasks ran on it, and the host's steal per core. A tail of a few ms can be either, not
-/// herald's; session 15 found `kdamond` holding a core 1–4 ms every 512 ms (bench/RESULTS.md).
+/// herald's (the kernel's `kdamond`, for one, holds a core for milliseconds every 512 ms on
+/// this VM: docs/performance.md).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Contention {
     /// ms the spawned server's threads were runnable but not running (with `--spawn`).

@@ -113,7 +113,7 @@ fn sets(params: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// The fields scripts rely on (issue 3), on every step.
+/// The fields scripts rely on (docs/bench.md), on every step.
 fn check(name: &str, v: &Value) {
     let steps = v["steps"]
         .as_array()

@@ -1,4 +1,4 @@
-//! A publish on a topic nobody subscribes to (issue 4, target 5's discards): the topic found
+//! A publish on a topic nobody subscribes to (a discard): the topic found
 //! (or made, the first time), its message kept as the last value, the previous one let go.
 //! The topics keep no history, as the filtering scenario's unsubscribed topics
 //! (bench/scenarios/solace-3.2-filtering.toml). Over 1,000 topics all of that stays in the

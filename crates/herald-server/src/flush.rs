@@ -113,10 +113,10 @@ impl Pending {
     /// On a single-worker runtime it writes one [`CHUNK`] (the connections noted first) and
     /// returns true: the caller yields and calls again until it returns false, that is until
     /// less than a hold is left, and then reads on. So the reader takes its input in between
-    /// rather than after every noted connection is written: at 2,000 subscribers the whole
-    /// list was ~1,750 connections, 10 ms of writes without a look at the input, the wait that
-    /// made the slowest deliveries' first leg (bench/RESULTS.md, session 13). With several
-    /// workers the list goes whole, as in [`Pending::flush`], and it returns false.
+    /// rather than after every noted connection is written: with thousands of subscribers the
+    /// whole list is milliseconds of writes without a look at the input, a wait that becomes
+    /// the slowest deliveries' first leg (docs/performance.md). With several workers the list
+    /// goes whole, as in [`Pending::flush`], and it returns false.
     pub fn flush_if_full(&mut self) -> bool {
         let hold = FLUSH_AFTER << self.doublings;
         let full = self.held.max(self.conns.len()) >= hold;

@@ -24,12 +24,10 @@ pub fn raise_open_file_limit() {
 ///
 /// herald's allocator (mimalloc) asks for huge pages on its arenas (`MADV_HUGEPAGE`), so while
 /// the heap grows (the topics' histories fill during the first half-minute of a load) each
-/// fault stops the thread to zero 2 MiB at once: 0.3 ms for memory the machine has used
-/// before, 3–9 ms for memory fresh to it on the 2-core VM herald is measured on, and the kernel
-/// may compact memory first (`defrag = madvise`). Small pages cost more in all (~1.4 ms per
-/// 2 MiB there) but in faults of microseconds, which is what a latency tail needs: the Solace
-/// 3.1.2 load at 200 clients had p99 2.7–3.3 ms with huge pages and 0.2–0.8 ms without, in four
-/// alternating pairs (bench/RESULTS.md, session 15). Redis and MongoDB advise the same.
+/// fault stops the thread to zero 2 MiB at once, milliseconds for memory fresh to the machine,
+/// and the kernel may compact memory first (`defrag = madvise`). Small pages cost more in all
+/// but in faults of microseconds, which is what a latency tail needs (the pairs that show it
+/// are in bench/RESULTS.md). Redis and MongoDB advise the same.
 pub fn set_transparent_huge_pages(allowed: bool) -> std::io::Result<()> {
     let disable = libc::c_ulong::from(!allowed);
     // SAFETY: PR_SET_THP_DISABLE reads only its integer arguments.
