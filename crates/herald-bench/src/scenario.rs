@@ -501,7 +501,7 @@ values = [1000, 2000, 3000]
         }
         assert!(
             n >= 9,
-            "expected the 7 seed scenarios and issue 5's 2, found {n}"
+            "expected the 7 seed scenarios and the 2 slow-consumer ones, found {n}"
         );
     }
 }
