@@ -25,6 +25,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from . import _reader
 from ._errors import (
     ClientClosed,
     ConnectionLost,
@@ -392,6 +393,8 @@ class Client:
             raise HeraldError(f"cannot open a WebSocket to {self.url}: {e}", "bad_url") from e
         except (OSError, EOFError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as e:
             raise NotConnected(f"cannot connect to {self.url}: {e}") from e
+        # One copy of a large message received instead of websockets' three (_reader.py).
+        _reader.install(ws)
         self._ws = ws
         self._last_error = None
         reader = self._spawn(self._read(ws))
