@@ -87,8 +87,11 @@ async def test_the_installed_websockets_gets_the_large_frame_reader(herald: Hera
         assert type(protocol.reader) is LargeFrameReader
         sub = await h.subscribe("reader/big")
         payload = os.urandom(5 * LARGE + 3)
+        text = "é" * (LARGE // 2 + 1000)  # a text frame over LARGE bytes
         await h.publish("reader/big", payload)
         await h.publish("reader/big", b"small")
+        await h.publish("reader/big", text)
         m = await within(sub.__anext__())
         assert m.data == payload
         assert (await within(sub.__anext__())).data == b"small"
+        assert (await within(sub.__anext__())).data == text
