@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,7 @@ async def publish(url: str, side: int, seconds: float) -> None:
     payload = memoryview(os.urandom(side * side * 2))
     async with herald_client.connect(url) as pub:
         cpu = time.process_time()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         published = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -43,10 +45,23 @@ async def publish(url: str, side: int, seconds: float) -> None:
             published += 1
         await pub.ping()  # everything sent has reached herald
         cpu = time.process_time() - cpu
-    print(published, cpu, flush=True)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print(published, cpu, faults, flush=True)
 
 
-async def run_size(url: str, side: int, seconds: float, window: int) -> dict[str, float]:
+def cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user and system) process `pid` has used so far, from /proc; 0 without it."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_size(url: str, side: int, seconds: float, window: int, herald_pid: int | None) -> dict[str, float]:
     size = side * side * 2
     async with herald_client.connect(url) as h:
         sub = await h.subscribe(f"bench/images/{side}", policy="lossless", window=window)
@@ -66,6 +81,8 @@ async def run_size(url: str, side: int, seconds: float, window: int) -> dict[str
         report = asyncio.ensure_future(publisher.stdout.read())
         received, first, last, prev_seq = 0, 0.0, 0.0, -1
         cpu = time.process_time()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        herald_cpu = cpu_seconds(herald_pid)
         # The topic may have been published before (another window): its numbers go on from there.
         while not (report.done() and received == int((report.result().split() or [b"-1"])[0])):
             try:
@@ -83,6 +100,8 @@ async def run_size(url: str, side: int, seconds: float, window: int) -> dict[str
                 first = now
             last = now
         cpu = time.process_time() - cpu
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        herald_cpu = cpu_seconds(herald_pid) - herald_cpu
         await publisher.wait()
     rate = (received - 1) / (last - first) if received > 1 and last > first else 0.0
     return {
@@ -95,6 +114,11 @@ async def run_size(url: str, side: int, seconds: float, window: int) -> dict[str
         # CPU the client spends per image: what bounds the rate on an idle core.
         "subscriber_cpu_ms": cpu / received * 1e3,
         "publisher_cpu_ms": float(report.result().split()[1]) / received * 1e3,
+        # Minor page faults per image: memory the allocator handed back to the kernel and took again.
+        "subscriber_faults": faults / received,
+        "publisher_faults": int(report.result().split()[2]) / received,
+        # herald's CPU per image (with --spawn), in clock ticks of 10 ms: a rough figure.
+        "herald_cpu_ms": herald_cpu / received * 1e3,
     }
 
 
@@ -137,12 +161,14 @@ async def main(args: argparse.Namespace) -> None:
     try:
         results = []
         for window, side in [(w, s) for w in args.window for s in args.sizes]:
-            r = await run_size(url, side, args.seconds, window)
+            r = await run_size(url, side, args.seconds, window, proc.pid if proc is not None else None)
             results.append(r)
             print(
                 f"window {window}, {side}² × 2 bytes: {r['images_per_s']:.1f} images/s, {r['mb_per_s']:.0f} MB/s "
                 f"({r['images']:.0f} images; client CPU per image: subscriber {r['subscriber_cpu_ms']:.2f} ms, "
-                f"publisher {r['publisher_cpu_ms']:.2f} ms)",
+                f"publisher {r['publisher_cpu_ms']:.2f} ms; page faults per image: subscriber "
+                f"{r['subscriber_faults']:.0f}, publisher {r['publisher_faults']:.0f}; herald CPU per image "
+                f"{r['herald_cpu_ms']:.2f} ms)",
                 flush=True,
             )
         if args.json:
