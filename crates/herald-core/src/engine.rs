@@ -141,6 +141,15 @@ pub struct EngineConfig {
     pub max_retained_bytes_per_origin: usize,
 }
 
+impl EngineConfig {
+    /// Whether `pattern` lies wholly within `lossless_topics`.
+    pub fn allows_lossless(&self, pattern: &str) -> bool {
+        self.lossless_topics
+            .iter()
+            .any(|g| crate::grant::covers(g, pattern))
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -1004,10 +1013,7 @@ impl<O: Outbox> Engine<O> {
     fn subscribe(&mut self, conn: ConnId, s: Subscribe, now_us: u64) -> Result<(), ProtocolError> {
         let fail = |code, msg: String| ProtocolError::new(code, msg).with_id(s.id.clone());
         topic::validate_pattern(&s.topic).map_err(|e| fail(e.code(), e.to_string()))?;
-        let held_by_rule = |g: &String| crate::grant::covers(g, &s.topic);
-        if s.policy == Some(Policy::Lossless)
-            && !self.config.lossless_topics.iter().any(held_by_rule)
-        {
+        if s.policy == Some(Policy::Lossless) && !self.config.allows_lossless(&s.topic) {
             return Err(fail(
                 "forbidden",
                 format!(
@@ -1041,8 +1047,9 @@ impl<O: Outbox> Engine<O> {
             }
         }
 
-        let room = self.conn(conn).map_or(0, |c| c.outbox.recovery_room());
-        let recovery = self.recover(&s, now_us, room);
+        let recovery = self
+            .recover(&s, now_us)
+            .fit(|| self.conn(conn).map_or(0, |c| c.outbox.recovery_room()));
 
         let sub = Sub::new(&s, self.publish_count);
         self.lossless += usize::from(sub.is_lossless());
@@ -1133,14 +1140,30 @@ fn charge(usage: &mut Vec<Usage>, state: &mut TopicState) {
     state.charged = now;
 }
 
-/// Stops charging `state`'s owner for it: the topic is being forgotten.
-fn discharge(usage: &mut [Usage], state: &TopicState) {
-    if let Some(owner) = usage
-        .get_mut(state.owner as usize)
-        .filter(|_| state.owner != 0)
-    {
-        owner.retained -= state.charged as usize;
-        owner.topics -= 1;
+/// Drops `state`'s history older than its rule allows, and charges its owner for what is left.
+fn age(config: &EngineConfig, usage: &mut Vec<Usage>, state: &mut TopicState, now_us: u64) {
+    if let Some(rule) = state.history_rule(config) {
+        state.trim_by_age(rule, now_us);
+        charge(usage, state);
+    }
+}
+
+impl<O> Engine<O> {
+    /// Forgets topic `name` (its numbering, history and last value), giving its owner's share
+    /// back: every topic that goes, goes through here.
+    fn forget(&mut self, name: &str) {
+        let Some(state) = self.topics.get(name) else {
+            return;
+        };
+        if let Some(owner) = self
+            .usage
+            .get_mut(state.owner as usize)
+            .filter(|_| state.owner != 0)
+        {
+            owner.retained -= state.charged as usize;
+            owner.topics -= 1;
+        }
+        self.topics.remove(name);
     }
 }
 

@@ -135,8 +135,7 @@ async fn create(
         .unwrap_or_else(|| "application/octet-stream".into());
     // Holding the camera is a privilege: where lossless_topics does not allow it, the stream's
     // subscribers skip images instead.
-    let allowed = |g: &String| herald_core::grant::covers(g, &topic(&name));
-    let lossless = options.lossless && node.config.lossless_topics.iter().any(allowed);
+    let lossless = options.lossless && node.engine.lock().config().allows_lossless(&topic(&name));
     if options.lossless && !lossless {
         tracing::warn!(stream = %name, "lossless_topics does not cover {}: its subscribers skip images", topic(&name));
     }

@@ -193,7 +193,7 @@ impl<O: Outbox> Engine<O> {
             .map(|t| t.name.clone())
             .collect();
         for name in stale {
-            self.topics.remove(&name);
+            self.forget(&name);
         }
     }
 }

@@ -13,7 +13,8 @@
 //! held, an epoch that changed, and the part of a recovery larger than the connection may queue
 //! (`Outbox::recovery_room`): the oldest messages are left out first.
 
-use super::{charge, Engine, Outbox};
+use super::topics::Stored;
+use super::{age, Engine, Outbox};
 use crate::topic;
 use crate::wire::{Frame, Gap, GapReason, Subscribe};
 use std::collections::BTreeMap;
@@ -37,7 +38,7 @@ struct Item {
 
 /// Collects the messages and gaps of one recovery, topic by topic.
 #[derive(Default)]
-struct Plan {
+pub(super) struct Plan {
     names: Vec<Arc<str>>,
     items: Vec<Item>,
     gaps: Vec<Gap>,
@@ -49,6 +50,16 @@ impl Plan {
         self.names.len() - 1
     }
 
+    /// Queues the held messages `held` of topic `t` (an index from [`Plan::topic`]).
+    fn replay<'a>(&mut self, t: usize, held: impl Iterator<Item = &'a Stored>) {
+        self.items.extend(held.map(|m| Item {
+            at: m.at,
+            topic: t,
+            seq: m.seq,
+            frame: m.frame.clone(),
+        }));
+    }
+
     fn gap(&mut self, name: &str, reason: GapReason) {
         self.gaps.push(Gap {
             topic: name.to_owned(),
@@ -56,10 +67,12 @@ impl Plan {
         });
     }
 
-    /// Leaves out the oldest messages until the rest fit in `room` bytes, each topic's left-out
-    /// run reported as a `recovery_limit` gap.
-    fn fit(mut self, room: usize) -> Recovery {
+    /// Leaves out the oldest messages until the rest fit in `room()` bytes (asked only when
+    /// there is something to send), each topic's left-out run reported as a `recovery_limit`
+    /// gap.
+    pub(super) fn fit(mut self, room: impl FnOnce() -> usize) -> Recovery {
         let total: usize = self.items.iter().map(|i| i.frame.len()).sum();
+        let room = if total == 0 { 0 } else { room() };
         if total > room {
             let mut by_age: Vec<usize> = (0..self.items.len()).collect();
             by_age.sort_by_key(|&i| self.items[i].at);
@@ -112,8 +125,9 @@ impl<O: Outbox> Engine<O> {
             .unwrap_or(0)
     }
 
-    /// What subscription `s` is sent before its live messages, at most `room` bytes of it.
-    pub(super) fn recover(&mut self, s: &Subscribe, now_us: u64, room: usize) -> Recovery {
+    /// What subscription `s` is owed before its live messages; [`Plan::fit`] then keeps what
+    /// the connection has room for.
+    pub(super) fn recover(&mut self, s: &Subscribe, now_us: u64) -> Plan {
         let recovering = s.cursor.is_some() || !s.since.is_empty();
         let cursor = self.cursor_position(s.cursor.as_deref());
         let mut plan = Plan::default();
@@ -125,20 +139,8 @@ impl<O: Outbox> Engine<O> {
                 plan.gap(name, GapReason::UnknownTopic);
                 continue;
             };
-            if let Some(rule) = state.history_rule(&self.config) {
-                state.trim_by_age(rule, now_us);
-                charge(&mut self.usage, state);
-            }
+            age(&self.config, &mut self.usage, state, now_us);
             let t = plan.topic(&state.name);
-            let replay = |plan: &mut Plan, from_seq: u64| {
-                let held = state.history.iter().filter(|m| m.seq >= from_seq);
-                plan.items.extend(held.map(|m| Item {
-                    at: m.at,
-                    topic: t,
-                    seq: m.seq,
-                    frame: m.frame.clone(),
-                }));
-            };
             if state.epoch != pos.epoch {
                 plan.gap(
                     name,
@@ -146,7 +148,7 @@ impl<O: Outbox> Engine<O> {
                         epoch: state.epoch.clone(),
                     },
                 );
-                replay(&mut plan, 0);
+                plan.replay(t, state.history.iter());
                 continue;
             }
             // A position at or past the topic's last message has nothing after it (a `seq` of
@@ -165,7 +167,7 @@ impl<O: Outbox> Engine<O> {
                     },
                 );
             }
-            replay(&mut plan, next);
+            plan.replay(t, state.history.iter().filter(|m| m.seq >= next));
         }
 
         if recovering || s.snapshot {
@@ -181,10 +183,7 @@ impl<O: Outbox> Engine<O> {
                     continue;
                 };
                 if recovering && state.last_at > cursor {
-                    if let Some(rule) = state.history_rule(&self.config) {
-                        state.trim_by_age(rule, now_us);
-                        charge(&mut self.usage, state);
-                    }
+                    age(&self.config, &mut self.usage, state, now_us);
                     let t = plan.topic(&name);
                     if state.dropped_at > cursor {
                         // Some of what came after the cursor is gone. Which of the messages
@@ -200,13 +199,7 @@ impl<O: Outbox> Engine<O> {
                         };
                         plan.gap(&name, reason);
                     }
-                    let held = state.history.iter().filter(|m| m.at > cursor);
-                    plan.items.extend(held.map(|m| Item {
-                        at: m.at,
-                        topic: t,
-                        seq: m.seq,
-                        frame: m.frame.clone(),
-                    }));
+                    plan.replay(t, state.history.iter().filter(|m| m.at > cursor));
                 } else if s.snapshot {
                     if let Some(frame) = state.last_frame() {
                         let t = plan.topic(&name);
@@ -221,6 +214,6 @@ impl<O: Outbox> Engine<O> {
             }
         }
         debug_assert!(plan.names.iter().all(|n| topic::matches(&s.topic, n)));
-        plan.fit(room)
+        plan
     }
 }

@@ -8,7 +8,7 @@
 //! resuming where it stopped, so that one call holds the engine's lock for a bounded time
 //! whatever the number of topics.
 
-use super::{charge, discharge, Engine, Outbox};
+use super::{age, Engine, Outbox};
 use std::sync::Arc;
 
 /// What one slice of a sweep did.
@@ -43,18 +43,14 @@ impl<O: Outbox> Engine<O> {
             let Some(state) = self.topics.get_mut(&name) else {
                 continue;
             };
-            if let Some(rule) = state.history_rule(&self.config) {
-                state.trim_by_age(rule, now_us);
-                charge(&mut self.usage, state);
-            }
+            age(&self.config, &mut self.usage, state, now_us);
             let idle = idle_us > 0 && now_us.saturating_sub(state.last_us) > idle_us;
             let mut subscribed = false;
             if idle {
                 self.index.for_each_match(&name, |_| subscribed = true);
             }
             if idle && !subscribed {
-                discharge(&mut self.usage, state);
-                self.topics.remove(&name);
+                self.forget(&name);
                 swept.forgotten += 1;
             }
         }
