@@ -7,10 +7,10 @@
 //!
 //! tungstenite makes the connection and reads what the server says; the frames are written by
 //! hand ([`crate::ws_client::encode_client_frame`]) into one buffer per burst, written whole.
-//! Through tungstenite each message was copied twice more (an owned `Message`, its write
-//! buffer) and, when the socket took only part of a large burst, the write buffer moved the
-//! rest down after every write: at millions of discards a second the bench's own core was the
-//! limit, and written by hand it is not.
+//! Through tungstenite each message would be copied twice more (an owned `Message`, its write
+//! buffer) and, when the socket takes only part of a large burst, the write buffer moves the
+//! rest down after every write: at millions of discards a second that makes the bench's own
+//! core the limit.
 //!
 //! Publisher `p` of `P` sends the global message numbers `p, p + P, p + 2P, …`, and message `g`
 //! goes to topic `spread.topic(g)`: the publishers together visit the topics in the spread order.

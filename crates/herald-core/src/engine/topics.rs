@@ -27,9 +27,9 @@ pub(super) struct Stored {
 }
 
 /// A topic's last message: its frame, or, while nobody receives the topic and it keeps no
-/// history, the message as it was published: encoding a frame nobody might ever ask for was
-/// most of what the engine spent on such a discard (callgrind). It is encoded if a snapshot or
-/// the introspection asks.
+/// history, the message as it was published: encoding a frame nobody may ever ask for would be
+/// most of what the engine spends on such a discard (callgrind). It is encoded if a snapshot
+/// or the introspection asks.
 pub(super) enum Last {
     Frame(Frame),
     Unencoded(Unencoded),
@@ -274,9 +274,9 @@ pub(super) enum Numbering {
 
 /// Each topic's state is boxed, out of the table, and holds the topic's name: a bucket is one
 /// pointer, so the table for 100,000 topics is 1 MB (and 128 KB of control bytes). Inline, the
-/// state made every bucket 248 bytes (30 MB: two misses a lookup). With the name as a map key
-/// beside the state's box, a bucket was 24 bytes, and loading it was most of a discard's lookup
-/// (perf, the filtering load); one pointer a bucket is measurably faster (bench/RESULTS.md).
+/// state would make every bucket 248 bytes (30 MB: two misses a lookup); with the name as a map
+/// key beside the state's box a bucket is 24 bytes, and loading it is most of a discard's
+/// lookup (perf, the filtering load). One pointer a bucket is the cheapest of the three.
 type TopicMap = hashbrown::HashTable<Box<TopicState>>;
 /// The size class the states are allocated in (see [`INLINE`]).
 const _: () = assert!(std::mem::size_of::<TopicState>() <= 320);
