@@ -317,8 +317,9 @@ async fn a_slow_http_body_is_cut_at_its_deadline() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn partly_received_messages_and_bodies_share_a_server_wide_budget() {
+/// A server whose partly received bytes budget is 1 MiB, 700 KiB of it held by a WebSocket
+/// (returned) in the middle of a 900 KiB frame: finishing the frame frees it.
+async fn budget_mostly_held() -> (TestServer, TcpStream) {
     let server = TestServer::start(Config {
         limits: LimitsConfig {
             max_partial_bytes: 1 << 20,
@@ -327,7 +328,6 @@ async fn partly_received_messages_and_bodies_share_a_server_wide_budget() {
         ..Config::default()
     })
     .await;
-    // A holds 700 KiB of a 900 KiB frame.
     let mut a = TcpStream::connect(server.addr).await.unwrap();
     raw_upgrade(&mut a, "").await;
     a.write_all(&client_frame(0x2, true, 900 << 10))
@@ -335,6 +335,12 @@ async fn partly_received_messages_and_bodies_share_a_server_wide_budget() {
         .unwrap();
     a.write_all(&vec![0u8; 700 << 10]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    (server, a)
+}
+
+#[tokio::test]
+async fn partly_received_messages_and_bodies_share_a_server_wide_budget() {
+    let (server, mut a) = budget_mostly_held().await;
     // B's 700 KiB would take the server past 1 MiB: closed 1013.
     let mut b = TcpStream::connect(server.addr).await.unwrap();
     raw_upgrade(&mut b, "").await;
@@ -380,23 +386,9 @@ async fn partly_received_messages_and_bodies_share_a_server_wide_budget() {
 /// than the server allows.
 #[tokio::test]
 async fn a_vbds_subscriber_shares_the_partial_bytes_budget() {
-    let server = TestServer::start(Config {
-        limits: LimitsConfig {
-            max_partial_bytes: 1 << 20,
-            ..LimitsConfig::default()
-        },
-        ..Config::default()
-    })
-    .await;
+    let (server, _a) = budget_mostly_held().await;
     let (status, reply) = http(server.addr, "POST", "/vbds/admin/streams/cam", &[], &[]).await;
     assert_eq!(status, 200, "{reply}");
-    let mut a = TcpStream::connect(server.addr).await.unwrap();
-    raw_upgrade(&mut a, "").await;
-    a.write_all(&client_frame(0x2, true, 900 << 10))
-        .await
-        .unwrap();
-    a.write_all(&vec![0u8; 700 << 10]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut vbds = TcpStream::connect(server.addr).await.unwrap();
     raw_upgrade_at(&mut vbds, "/vbds/access/streams/cam").await;
     vbds.write_all(&client_frame(0x2, true, 700 << 10))
