@@ -9,7 +9,7 @@
 //! leave in one system call, and when idle a message leaves at once.
 
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
-use crate::node::now_us;
+use crate::clock::now_us;
 use crate::socket::{DirectSocket, SharedWrite};
 use bytes::Buf;
 use herald_core::engine::Outbox;

@@ -16,7 +16,7 @@
 //! every write and joins the queues still waiting.
 
 use crate::connection::Connection;
-use crate::node::now_us;
+use crate::clock::now_us;
 use herald_core::prefetch::prefetch;
 use herald_core::wire::Frame;
 use std::cell::RefCell;

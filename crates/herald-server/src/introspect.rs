@@ -89,7 +89,7 @@ impl Sample {
         };
         let m = &node.metrics;
         Sample {
-            now_us: crate::node::now_us(),
+            now_us: crate::clock::now_us(),
             connections,
             subscriptions,
             topics,

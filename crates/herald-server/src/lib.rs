@@ -14,6 +14,7 @@
 //! - [`flush`]: direct writes: what a batch of publishes queued leaves from the publishing task.
 //! - [`dashboard`]: the live dashboard at `/` (assets compiled in).
 //! - [`introspect`]: `GET /api/stats` and `GET /api/topics` (JSON) for the dashboard.
+//! - [`clock`]: the wall clock messages are stamped with.
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
@@ -27,6 +28,7 @@
 
 pub mod auth;
 mod carried;
+pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod dashboard;

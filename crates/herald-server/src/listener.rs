@@ -4,25 +4,22 @@
 //! a deadline on the request headers (slowloris), and graceful shutdown of plain HTTP
 //! connections. WebSocket connections leave hyper when upgraded; `Node::sessions` tracks those.
 
-use crate::limits::{IpGuard, Socket, SocketHandle, Sockets};
+use crate::limits::{SocketHandle, Sockets};
 use crate::metrics::Reason;
 use crate::node::Node;
+use crate::socket::{Guarded, Held};
 use axum::Router;
-use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -116,15 +113,15 @@ pub async fn serve(
         let timeout = node.config.limits.handshake_timeout();
         let stopping = stopping.clone();
         let tls = node.tls.as_ref().map(|tls| tls.acceptor());
-        let held = Held { guard, socket };
+        let held = Held::new(guard, socket);
         connections.spawn(async move {
             let serve = async move {
                 match tls {
-                    None => serve_http(Guarded { io: tcp, held }, service, timeout, stopping).await,
+                    None => serve_http(Guarded::new(tcp, held), service, timeout, stopping).await,
                     Some(acceptor) => {
                         match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
                             Ok(Ok(tls)) => {
-                                let io = Guarded { io: tls, held };
+                                let io = Guarded::new(tls, held);
                                 serve_http(io, service, timeout, stopping).await
                             }
                             Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
@@ -198,72 +195,6 @@ async fn serve_http<S>(
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "HTTP connection ended with an error");
-    }
-}
-
-/// A stream (plain TCP, or TLS over it) that holds its source IP's connection slot and its
-/// place among the open sockets until it is dropped, which, for an upgraded WebSocket, is when
-/// the session ends.
-struct Guarded<S> {
-    io: S,
-    held: Held,
-}
-
-/// What an accepted socket holds while it is open: its places in its IP's count and in the
-/// server's.
-pub struct Held {
-    #[allow(dead_code)] // held for its Drop
-    guard: IpGuard,
-    #[allow(dead_code)] // held for its Drop
-    socket: Socket,
-}
-
-/// The plain TCP socket under a WebSocket upgraded from herald's listener, with its places in
-/// the counts and the bytes hyper read past the handshake; `Err` gives back anything else
-/// (TLS, or a connection served by another listener, as in tests).
-pub(crate) fn into_tcp(upgraded: Upgraded) -> Result<(TcpStream, Held, Bytes), Upgraded> {
-    let parts = upgraded.downcast::<TokioIo<Guarded<TcpStream>>>()?;
-    let guarded = parts.io.into_inner();
-    Ok((guarded.io, guarded.held, parts.read_buf))
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -31,7 +31,8 @@
 use crate::carried::{self, Carried, ClusterKey, Outgoing, Reassembly, Reject, CHUNK, HEADER_ROOM};
 use crate::jetstream::DurableHistory;
 use crate::metrics::Reason;
-use crate::node::{now_us, Node};
+use crate::clock::now_us;
+use crate::node::Node;
 use anyhow::{bail, Context};
 use async_nats::connection::State;
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, HeaderMap, Message};

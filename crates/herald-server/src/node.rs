@@ -2,6 +2,7 @@
 //! the metrics, the live sessions.
 
 use crate::auth::Authenticator;
+use crate::clock::now_us;
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::flush::Pending;
@@ -15,7 +16,7 @@ use herald_core::wire::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -455,12 +456,4 @@ impl Node {
             .set(engine.subscription_count() as i64);
         self.metrics.topics.set(engine.topic_count() as i64);
     }
-}
-
-/// Wall-clock microseconds since the UNIX epoch: publishers on the same host compare it with
-/// their own clock to split latency into legs.
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }

@@ -5,7 +5,7 @@
 //! by the connection's writer task. Anything else (TLS) goes through tokio's `split`, whose
 //! halves share a lock, and is written by the writer task alone.
 
-use crate::listener::Held;
+use crate::limits::{IpGuard, Socket};
 use bytes::{Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -13,7 +13,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tokio::io::{AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
@@ -89,7 +89,7 @@ pub enum SocketWrite {
 /// Splits an upgraded connection, the lock-free way when it is plain TCP accepted by herald's
 /// listener.
 pub fn split(upgraded: Upgraded) -> (SocketRead, SocketWrite) {
-    match crate::listener::into_tcp(upgraded) {
+    match into_tcp(upgraded) {
         Ok((tcp, guard, read_ahead)) => {
             let (half, write) = tcp.into_split();
             let read = SocketRead::Tcp {
@@ -219,5 +219,83 @@ impl AsyncWrite for SharedWrite<'_> {
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(socket2::SockRef::from(self.0).shutdown(std::net::Shutdown::Write))
+    }
+}
+
+/// A stream (plain TCP, or TLS over it) that holds its source IP's connection slot and its
+/// place among the open sockets until it is dropped, which, for an upgraded WebSocket, is when
+/// the session ends.
+pub struct Guarded<S> {
+    io: S,
+    held: Held,
+}
+
+impl<S> Guarded<S> {
+    pub fn new(io: S, held: Held) -> Guarded<S> {
+        Guarded { io, held }
+    }
+}
+
+/// What an accepted socket holds while it is open: its places in its IP's count and in the
+/// server's.
+pub struct Held {
+    #[allow(dead_code)] // held for its Drop
+    guard: IpGuard,
+    #[allow(dead_code)] // held for its Drop
+    socket: Socket,
+}
+
+impl Held {
+    pub fn new(guard: IpGuard, socket: Socket) -> Held {
+        Held { guard, socket }
+    }
+}
+
+/// The plain TCP socket under a WebSocket upgraded from herald's listener, with its places in
+/// the counts and the bytes hyper read past the handshake; `Err` gives back anything else
+/// (TLS, or a connection served by another listener, as in tests).
+fn into_tcp(upgraded: Upgraded) -> Result<(TcpStream, Held, Bytes), Upgraded> {
+    let parts = upgraded.downcast::<TokioIo<Guarded<TcpStream>>>()?;
+    let guarded = parts.io.into_inner();
+    Ok((guarded.io, guarded.held, parts.read_buf))
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
