@@ -8,8 +8,8 @@
 //! everything queued at its turn and sends it with vectored writes, so under load many messages
 //! leave in one system call, and when idle a message leaves at once.
 
-use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::clock::now_us;
+use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::socket::{DirectSocket, SharedWrite};
 use bytes::Buf;
 use herald_core::engine::Outbox;
@@ -17,6 +17,7 @@ use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
 use herald_core::prefetch::prefetch;
 use herald_core::wire::{self, Frame};
 use parking_lot::Mutex;
+use std::cell::RefCell;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Weak};
@@ -164,7 +165,7 @@ impl Connection {
     fn after_push(&self, pushed: Pushed, rule: Option<usize>) {
         match pushed {
             Pushed::First => {
-                if self.socket.is_none() || !crate::flush::defer(|| self.me.upgrade()) {
+                if self.socket.is_none() || !defer(|| self.me.upgrade()) {
                     self.wake.notify_one();
                 }
             }
@@ -490,6 +491,45 @@ pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
     };
     frames.drain(..sent);
     result
+}
+
+thread_local! {
+    /// The connections noted by the [`Pending::collect`](crate::flush::Pending::collect)
+    /// running on this thread, if one is: a connection given its first frame notes itself here
+    /// rather than waking its writer.
+    static COLLECTING: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
+}
+
+/// Whether a collecting task is running on this thread.
+pub(crate) fn collecting() -> bool {
+    COLLECTING.with(|c| c.borrow().is_some())
+}
+
+/// Starts collecting on this thread, into `list`.
+pub(crate) fn lend_noted(list: Vec<Arc<Connection>>) {
+    COLLECTING.with(|c| *c.borrow_mut() = Some(list));
+}
+
+/// Ends collecting on this thread: the list lent, with the connections noted since.
+pub(crate) fn take_noted() -> Vec<Arc<Connection>> {
+    COLLECTING
+        .with(|c| c.borrow_mut().take())
+        .unwrap_or_default()
+}
+
+/// Notes `conn` for the collecting task on this thread; false when none is collecting (then
+/// the caller wakes the connection's writer).
+fn defer(conn: impl FnOnce() -> Option<Arc<Connection>>) -> bool {
+    COLLECTING.with(|c| match c.borrow_mut().as_mut() {
+        Some(list) => match conn() {
+            Some(conn) => {
+                list.push(conn);
+                true
+            }
+            None => false,
+        },
+        None => false,
+    })
 }
 
 #[cfg(test)]

@@ -15,16 +15,14 @@
 //! looking at its input between chunks, so what arrives meanwhile is read without waiting for
 //! every write and joins the queues still waiting.
 
-use crate::connection::Connection;
 use crate::clock::now_us;
+use crate::connection::{self, Connection};
 use herald_core::prefetch::prefetch;
 use herald_core::wire::Frame;
 use std::cell::RefCell;
 use std::sync::Arc;
 
 thread_local! {
-    /// The connections noted by the [`Pending::collect`] running on this thread, if one is.
-    static COLLECTING: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
     /// The frames of one connection on their way to its socket: scratch for every flush on
     /// this thread, rather than room kept by every session (512 bytes each).
     static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
@@ -86,11 +84,10 @@ impl Pending {
     /// Runs synchronous `work` (engine calls), noting the connections it gives a first frame.
     /// `work` must not block: the list is per thread. Nested calls note into the outer one.
     pub fn collect<R>(&mut self, work: impl FnOnce() -> R) -> R {
-        let outer = COLLECTING.with(|c| c.borrow().is_some());
-        if outer {
+        if connection::collecting() {
             return work();
         }
-        COLLECTING.with(|c| *c.borrow_mut() = Some(std::mem::take(&mut self.conns)));
+        connection::lend_noted(std::mem::take(&mut self.conns));
         // Restored even if `work` panics: a list left behind would swallow later wake-ups.
         let _restore = Restore(&mut self.conns);
         work()
@@ -247,9 +244,7 @@ struct Restore<'a>(&'a mut Vec<Arc<Connection>>);
 
 impl Drop for Restore<'_> {
     fn drop(&mut self) {
-        *self.0 = COLLECTING
-            .with(|c| c.borrow_mut().take())
-            .unwrap_or_default();
+        *self.0 = connection::take_noted();
     }
 }
 
@@ -258,21 +253,6 @@ impl Drop for Pending {
     fn drop(&mut self) {
         self.flush();
     }
-}
-
-/// Notes `conn` for the collecting task on this thread; false when none is collecting (then
-/// the caller wakes the connection's writer).
-pub(crate) fn defer(conn: impl FnOnce() -> Option<Arc<Connection>>) -> bool {
-    COLLECTING.with(|c| match c.borrow_mut().as_mut() {
-        Some(list) => match conn() {
-            Some(conn) => {
-                list.push(conn);
-                true
-            }
-            None => false,
-        },
-        None => false,
-    })
 }
 
 fn several_workers() -> bool {

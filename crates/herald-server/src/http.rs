@@ -3,6 +3,7 @@
 use crate::auth::{Caller, Refused};
 use crate::limits::SocketHandle;
 use crate::node::Node;
+use crate::refusal::{error, refuse, require_admin};
 use crate::upload::{BodyError, LimitedBody};
 use crate::{dashboard, introspect, ws};
 use axum::body::{Body, HttpBody};
@@ -256,24 +257,6 @@ async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, e)
 }
 
-/// With auth on, admin endpoints need the admin API key (`Authorization: Bearer <key>`).
-#[allow(clippy::result_large_err)]
-pub fn require_admin(node: &Node, headers: &HeaderMap) -> Result<(), Response> {
-    let Some(auth) = &node.auth else {
-        return Ok(());
-    };
-    match auth.http_caller(headers) {
-        Ok(Caller::Admin) => Ok(()),
-        Ok(Caller::Token(_)) => Err(refuse(
-            node,
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "this endpoint needs the admin API key, not a client token".into(),
-        )),
-        Err(Refused(why)) => Err(refuse(node, StatusCode::UNAUTHORIZED, "unauthorized", why)),
-    }
-}
-
 /// With auth on, publishing over HTTP needs the admin API key or a token granting the topic.
 /// Returns who the publish is charged to (a token's subject; the admin key and auth off:
 /// nobody).
@@ -331,13 +314,4 @@ fn closing(mut response: Response) -> Response {
         header::HeaderValue::from_static("close"),
     );
     response
-}
-
-fn refuse(node: &Node, status: StatusCode, code: &'static str, why: String) -> Response {
-    node.count_error(code);
-    error(status, ProtocolError::new(code, why))
-}
-
-fn error(status: StatusCode, e: ProtocolError) -> Response {
-    (status, Json(json!({"code": e.code, "message": e.message}))).into_response()
 }

@@ -7,13 +7,13 @@
 //! a rate over any window the caller likes), but per-topic rates are computed here: a caller
 //! would need every topic's sequence number twice, and topics come and go.
 
-use crate::http::require_admin;
 use crate::node::Node;
+use crate::refusal::require_admin;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use herald_core::engine::TopicView;
 use herald_core::wire::{split_binary, Frame};
 use parking_lot::Mutex;
@@ -33,10 +33,13 @@ const PREVIEW_CHARS: usize = 200;
 const HISTORY_INTERVAL: Duration = Duration::from_secs(1);
 const HISTORY_SAMPLES: usize = 300;
 
-/// The routes, and the task that samples `node` for `/api/stats/history` while it lives (so a
-/// dashboard opened after an incident shows the minutes before it).
+/// The routes, with what they remember between requests ([`Introspection`]), and the task
+/// that samples `node` for `/api/stats/history` while it lives (so a dashboard opened after an
+/// incident shows the minutes before it).
 pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
+    let introspection = Arc::new(Introspection::default());
     let node = Arc::downgrade(node);
+    let sampled = introspection.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HISTORY_INTERVAL);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -44,7 +47,7 @@ pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
             tick.tick().await;
             let Some(node) = node.upgrade() else { return };
             let sample = Sample::take(&node);
-            let mut history = node.introspection.history.lock();
+            let mut history = sampled.history.lock();
             if history.len() == HISTORY_SAMPLES {
                 history.pop_front();
             }
@@ -55,10 +58,11 @@ pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
         .route("/api/stats", get(stats))
         .route("/api/stats/history", get(stats_history))
         .route("/api/topics", get(topics))
+        .layer(Extension(introspection))
 }
 
 /// What introspection remembers between requests.
-pub struct Introspection {
+struct Introspection {
     started: Instant,
     rates: Mutex<TopicRates>,
     /// The recent samples, oldest first.
@@ -183,7 +187,11 @@ impl TopicRates {
 /// `GET /api/stats`.
 /// With auth on, both views need the admin API key, like `/metrics`: topic names and last
 /// values are data a client token may not be granted.
-async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+async fn stats(
+    State(node): State<Arc<Node>>,
+    Extension(introspection): Extension<Arc<Introspection>>,
+    headers: HeaderMap,
+) -> Response {
     if let Err(refusal) = require_admin(&node, &headers) {
         return refusal;
     }
@@ -194,7 +202,7 @@ async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
     let s = Sample::take(&node);
     Json(json!({
         "now_us": s.now_us,
-        "uptime_secs": node.introspection.started.elapsed().as_secs_f64(),
+        "uptime_secs": introspection.started.elapsed().as_secs_f64(),
         "connections": s.connections,
         "subscriptions": s.subscriptions,
         "topics": s.topics,
@@ -214,12 +222,15 @@ async fn stats(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
 }
 
 /// `GET /api/stats/history`: the samples of the last five minutes, oldest first.
-async fn stats_history(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+async fn stats_history(
+    State(node): State<Arc<Node>>,
+    Extension(introspection): Extension<Arc<Introspection>>,
+    headers: HeaderMap,
+) -> Response {
     if let Err(refusal) = require_admin(&node, &headers) {
         return refusal;
     }
-    let samples: Vec<Value> = node
-        .introspection
+    let samples: Vec<Value> = introspection
         .history
         .lock()
         .iter()
@@ -277,6 +288,7 @@ const MAX_PAGE: usize = 10_000;
 /// `GET /api/topics?prefix=&after=&limit=`: one page of the topics, costing the page.
 async fn topics(
     State(node): State<Arc<Node>>,
+    Extension(introspection): Extension<Arc<Introspection>>,
     headers: HeaderMap,
     Query(q): Query<TopicsQuery>,
 ) -> Response {
@@ -292,7 +304,7 @@ async fn topics(
     let truncated = views.len() > limit;
     views.truncate(limit);
     let total = engine.topic_count_under(&q.prefix);
-    let mut rates = node.introspection.rates.lock();
+    let mut rates = introspection.rates.lock();
     rates.sample(views.iter(), Instant::now());
     let list: Vec<Value> = views
         .iter()

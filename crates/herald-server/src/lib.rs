@@ -3,6 +3,7 @@
 //! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`refusal`]: how an HTTP route refuses a request; the admin check.
 //! - [`jwks`]: fetching a JWKS document for [`auth`].
 //! - [`limits`]: per-IP and per-connection limits against abusive clients.
 //! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
@@ -44,6 +45,7 @@ pub mod metrics;
 pub mod nats;
 pub mod node;
 pub mod process;
+pub mod refusal;
 pub mod socket;
 pub mod tls;
 pub mod upload;

@@ -29,9 +29,9 @@
 //! never logged.
 
 use crate::carried::{self, Carried, ClusterKey, Outgoing, Reassembly, Reject, CHUNK, HEADER_ROOM};
+use crate::clock::now_us;
 use crate::jetstream::DurableHistory;
 use crate::metrics::Reason;
-use crate::clock::now_us;
 use crate::node::Node;
 use anyhow::{bail, Context};
 use async_nats::connection::State;

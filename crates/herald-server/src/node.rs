@@ -6,7 +6,6 @@ use crate::clock::now_us;
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::flush::Pending;
-use crate::introspect::Introspection;
 use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::nats::NatsBroker;
@@ -36,16 +35,12 @@ pub struct Node {
     pub ip_limits: Arc<IpLimits>,
     /// TLS on the listener; `None` for plain HTTP.
     pub tls: Option<Arc<Tls>>,
-    /// What `/api/stats` and `/api/topics` remember between requests.
-    pub introspection: Introspection,
     /// The broker to other nodes; `None`: this node is alone and the engine is the whole
     /// broker (in memory).
     pub broker: Option<NatsBroker>,
     /// Wakes publishers held by a `lossless` subscriber: credit was granted, or a subscription
     /// or connection went away.
     pub released: Notify,
-    /// The VBDS streams (`/vbds/...`).
-    pub vbds: crate::vbds::Streams,
     /// How long each `lossless` subscriber has kept publishers waiting lately.
     holds: Mutex<HashMap<ConnId, HoldMeter>>,
     /// Token subjects by the [`Origin`] their publishes are charged to.
@@ -90,12 +85,10 @@ impl Node {
             metrics: Arc::new(metrics),
             broker,
             released: Notify::new(),
-            vbds: Default::default(),
             sessions: TaskTracker::new(),
             auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
             ip_limits: IpLimits::new(config.limits.clone()),
             tls: Tls::from_config(&config.tls)?,
-            introspection: Introspection::default(),
             holds: Mutex::default(),
             origins: Mutex::default(),
             config,

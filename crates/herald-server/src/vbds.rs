@@ -11,18 +11,18 @@
 //! images published meanwhile and, when it acknowledges, gets the newest complete one (it
 //! subscribes with the `conflate` policy).
 
+use crate::clock::now_us;
 use crate::connection::{write_frames, Connection, QueueLimits};
 use crate::frame_reader::FrameReader;
 use crate::limits::{SocketHandle, Sockets};
 use crate::metrics::Disconnect;
-use crate::clock::now_us;
 use crate::node::Node;
 use crate::ws::{self, ReadHalf, WriteHalf};
 use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use herald_core::policy::Policy;
 use herald_core::wire::client_frames::Inbound;
@@ -42,9 +42,10 @@ pub fn topic(name: &str) -> String {
     format!("vbds/{name}")
 }
 
-/// The VBDS streams this server knows, with their live subscribers' progress.
+/// The VBDS streams this server knows, with their live subscribers' progress; the routes
+/// share them ([`router`]).
 #[derive(Default)]
-pub struct Streams {
+struct Streams {
     streams: Mutex<BTreeMap<String, Stream>>,
 }
 
@@ -76,7 +77,8 @@ impl Progress {
     }
 }
 
-/// The `/vbds/...` routes; `max_message_bytes` bounds an upload (plus room for the form).
+/// The `/vbds/...` routes, sharing the streams they create; `max_message_bytes` bounds an
+/// upload (plus room for the form).
 pub fn router(max_message_bytes: usize) -> Router<Arc<Node>> {
     let limit = max_message_bytes + (1 << 20);
     Router::new()
@@ -87,10 +89,11 @@ pub fn router(max_message_bytes: usize) -> Router<Arc<Node>> {
             post(transfer).layer(DefaultBodyLimit::max(limit)),
         )
         .route("/vbds/access/streams/{name}", get(access))
+        .layer(Extension(Arc::new(Streams::default())))
 }
 
-async fn list(State(node): State<Arc<Node>>) -> Response {
-    let streams = node.vbds.streams.lock();
+async fn list(Extension(streams): Extension<Arc<Streams>>) -> Response {
+    let streams = streams.streams.lock();
     let list: Vec<_> = streams.iter().map(|(name, s)| s.info(name)).collect();
     Json(list).into_response()
 }
@@ -117,13 +120,14 @@ fn lossless_by_default() -> bool {
 
 async fn create(
     State(node): State<Arc<Node>>,
+    Extension(streams): Extension<Arc<Streams>>,
     Path(name): Path<String>,
     Query(options): Query<CreateOptions>,
 ) -> Response {
     if let Err(e) = herald_core::topic::validate_topic(&topic(&name)) {
         return (StatusCode::BAD_REQUEST, format!("bad stream name: {e}\n")).into_response();
     }
-    let mut streams = node.vbds.streams.lock();
+    let mut streams = streams.streams.lock();
     if streams.contains_key(&name) {
         return (
             StatusCode::CONFLICT,
@@ -153,8 +157,8 @@ async fn create(
 /// Deletes a stream, answering with it as VBDS does. Its subscribers stay connected, as with
 /// VBDS (whose clients take a closed socket for an error): they receive nothing more until a
 /// stream of that name is created again.
-async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> Response {
-    match node.vbds.streams.lock().remove(&name) {
+async fn delete(Extension(streams): Extension<Arc<Streams>>, Path(name): Path<String>) -> Response {
+    match streams.streams.lock().remove(&name) {
         Some(stream) => Json(stream.info(&name)).into_response(),
         None => missing(StatusCode::NOT_FOUND, &name),
     }
@@ -170,11 +174,11 @@ fn missing(status: StatusCode, name: &str) -> Response {
 /// stream's topic and replies 202 once every VBDS subscriber has it or skipped it.
 async fn transfer(
     State(node): State<Arc<Node>>,
+    Extension(streams): Extension<Arc<Streams>>,
     Path(name): Path<String>,
     mut form: Multipart,
 ) -> Response {
-    let Some((content_type, lossless)) = node
-        .vbds
+    let Some((content_type, lossless)) = streams
         .streams
         .lock()
         .get(&name)
@@ -210,7 +214,7 @@ async fn transfer(
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
     let waiting: Vec<_> = {
-        let mut streams = node.vbds.streams.lock();
+        let mut streams = streams.streams.lock();
         let Some(stream) = streams.get_mut(&name) else {
             return StatusCode::ACCEPTED.into_response();
         };
@@ -237,10 +241,11 @@ async fn transfer(
 
 async fn access(
     State(node): State<Arc<Node>>,
+    Extension(streams): Extension<Arc<Streams>>,
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
-    let Some(lossless) = node.vbds.streams.lock().get(&name).map(|s| s.lossless) else {
+    let Some(lossless) = streams.streams.lock().get(&name).map(|s| s.lossless) else {
         return missing(StatusCode::NOT_FOUND, &name);
     };
     // Its partly received messages count against the server-wide budget like any session's.
@@ -249,7 +254,7 @@ async fn access(
         .get::<SocketHandle>()
         .map(|s| s.sockets().clone());
     ws::accept(node, request, move |node, read, write, _token| {
-        run_subscriber(node, name, lossless, read, write, budget)
+        run_subscriber(node, streams, name, lossless, read, write, budget)
     })
 }
 
@@ -257,6 +262,7 @@ async fn access(
 /// the VBDS way, one image at a time, the next only after the client's acknowledgement.
 async fn run_subscriber(
     node: Arc<Node>,
+    streams: Arc<Streams>,
     name: String,
     lossless: bool,
     read: ReadHalf,
@@ -278,7 +284,7 @@ async fn run_subscriber(
     });
     let _ = node.engine.lock().handle(id, subscribe, now_us());
     let (progress, rx) = watch::channel(Progress::default());
-    if let Some(stream) = node.vbds.streams.lock().get_mut(&name) {
+    if let Some(stream) = streams.streams.lock().get_mut(&name) {
         stream.subscribers.push(Subscriber { progress: rx });
     }
     let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();

@@ -5,12 +5,12 @@
 //! by [`FrameReader`], outgoing ones are pre-encoded and shared (see `wire`).
 
 use crate::auth::{self, Access, Admit, Deadline, Refused};
+use crate::clock::now_us;
 use crate::connection::{Connection, QueueLimits};
 use crate::flush::Pending;
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::limits::{Meter, SocketHandle};
 use crate::metrics::{Disconnect, Reason};
-use crate::clock::now_us;
 use crate::node::Node;
 use axum::body::Body;
 use axum::extract::{Request, State};
