@@ -6,7 +6,7 @@
 #![no_main]
 
 use async_nats::HeaderMap;
-use herald_server::nats::envelope::{
+use herald_server::cluster::envelope::{
     open, ClusterKey, Reassembly, Reject, MAX_PARTIALS, PARTIAL_BUDGET,
 };
 use libfuzzer_sys::fuzz_target;

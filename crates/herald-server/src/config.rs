@@ -11,7 +11,7 @@ use herald_core::engine::{EngineConfig, HistoryRule};
 use herald_core::policy::PolicyRule;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,7 +43,7 @@ pub struct Config {
     pub tls: TlsConfig,
     /// Join a cluster of herald nodes through NATS (see docs/cluster.md); absent: run alone.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats: Option<crate::nats::NatsConfig>,
+    pub nats: Option<NatsConfig>,
     /// Default slow-consumer policy per topic, first matching pattern wins; topics no rule
     /// matches (and subscriptions that name no policy) get `disconnect`.
     pub policy: Vec<PolicyRule>,
@@ -214,6 +214,122 @@ impl Config {
             max_topics_per_origin: self.limits.max_topics_per_subject,
             max_retained_bytes_per_origin: self.limits.max_retained_bytes_per_subject,
         }
+    }
+}
+
+/// `[nats]` in the configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConfig {
+    /// NATS server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Subject prefix: topics travel as `<prefix>.t.<escaped levels>`. Clusters sharing one NATS
+    /// keep apart by using different prefixes.
+    pub prefix: String,
+    /// Bytes of published messages waiting to be handed to NATS before more are not carried.
+    pub max_pending_bytes: usize,
+    /// Keep durable history in a JetStream stream (see [`crate::cluster::jetstream`]).
+    pub jetstream: bool,
+    /// The stream's total size bound: past it, JetStream drops the oldest messages.
+    pub jetstream_max_bytes: u64,
+    /// NATS user name; with `password_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// File holding the NATS user's password (a trailing newline ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// File holding a NATS authentication token (a trailing newline ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// File holding a NATS user's NKey seed (`SU…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A NATS credentials file (user JWT and NKey seed, as `nsc` writes them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
+    /// PEM CA certificates that sign the NATS server's certificate (instead of the system's
+    /// roots); implies `tls_required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to NATS (with `tls_key_file`); implies `tls_required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Refuse to talk to NATS without TLS.
+    pub tls_required: bool,
+    /// File holding the cluster's shared secret (at least 32 bytes): nodes sign what they send
+    /// to NATS with it and drop what is not signed with it. All nodes need the same file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_key_file: Option<PathBuf>,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            url: String::new(),
+            prefix: "herald".into(),
+            max_pending_bytes: 64 << 20,
+            jetstream: false,
+            jetstream_max_bytes: 1 << 30,
+            user: None,
+            password_file: None,
+            token_file: None,
+            nkey_seed_file: None,
+            credentials_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_required: false,
+            cluster_key_file: None,
+        }
+    }
+}
+
+impl NatsConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.url.is_empty() {
+            bail!("[nats] needs a url, e.g. url = \"nats://127.0.0.1:4222\" (or --nats)");
+        }
+        let token_ok = |t: &str| {
+            !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"*>.".contains(&b))
+        };
+        if !self.prefix.split('.').all(token_ok) {
+            bail!(
+                "[nats] prefix {:?} is not a NATS subject prefix; use tokens of letters and digits separated by '.'",
+                self.prefix
+            );
+        }
+        if self.max_pending_bytes == 0 {
+            bail!("[nats] max_pending_bytes must be greater than zero");
+        }
+        if self.jetstream && self.jetstream_max_bytes == 0 {
+            bail!("[nats] jetstream_max_bytes must be greater than zero");
+        }
+        if self.user.is_some() != self.password_file.is_some() {
+            bail!("[nats] user and password_file go together");
+        }
+        let methods = [
+            self.user.is_some(),
+            self.token_file.is_some(),
+            self.nkey_seed_file.is_some(),
+            self.credentials_file.is_some(),
+        ];
+        if methods.into_iter().filter(|m| *m).count() > 1 {
+            bail!("[nats] takes one way to authenticate: user and password_file, token_file, nkey_seed_file or credentials_file");
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            bail!("[nats] tls_cert_file and tls_key_file go together");
+        }
+        Ok(())
+    }
+
+    /// Whether herald insists on TLS to NATS: asked for, or implied by a TLS file.
+    pub fn requires_tls(&self) -> bool {
+        self.tls_required || self.tls_ca_file.is_some() || self.tls_cert_file.is_some()
     }
 }
 

@@ -19,8 +19,8 @@
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
-//! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
-//! - [`jetstream`]: durable history in NATS JetStream (`[nats] jetstream = true`).
+//! - [`cluster`]: the broker boundary joining nodes into a cluster, and the NATS broker behind
+//!   it (when `[nats]` is configured), with durable history in NATS JetStream.
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
 //! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!
@@ -28,8 +28,8 @@
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
 
 pub mod auth;
-mod carried;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod connection;
 pub mod dashboard;
@@ -37,12 +37,10 @@ pub mod flush;
 pub mod frame_reader;
 pub mod http;
 pub mod introspect;
-pub mod jetstream;
 pub mod jwks;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
-pub mod nats;
 pub mod node;
 pub mod process;
 pub mod refusal;
@@ -83,9 +81,7 @@ impl Server {
             }
             auth.spawn_jwks_refresh();
         }
-        if let Some(broker) = &node.broker {
-            broker.start(&node).await?;
-        }
+        node.start_broker().await?;
         Ok(Server { listener, node })
     }
 

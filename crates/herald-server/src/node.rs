@@ -3,18 +3,18 @@
 
 use crate::auth::Authenticator;
 use crate::clock::now_us;
+use crate::cluster::{self, Broker, Events};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::flush::Pending;
 use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
-use crate::nats::NatsBroker;
 use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Origin, Published};
 use herald_core::wire::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -37,7 +37,7 @@ pub struct Node {
     pub tls: Option<Arc<Tls>>,
     /// The broker to other nodes; `None`: this node is alone and the engine is the whole
     /// broker (in memory).
-    pub broker: Option<NatsBroker>,
+    pub broker: Option<Arc<dyn Broker>>,
     /// Wakes publishers held by a `lossless` subscriber: credit was granted, or a subscription
     /// or connection went away.
     pub released: Notify,
@@ -72,10 +72,7 @@ impl Node {
         let mut broker = None;
         let patterns: Vec<String> = config.policy.iter().map(|r| r.pattern.clone()).collect();
         let metrics = Metrics::new(&patterns).with(|registry| {
-            broker = config
-                .nats
-                .clone()
-                .map(|nats| NatsBroker::new(nats, &config.history, registry));
+            broker = cluster::brokers::from_config(&config, registry);
         });
         if broker.is_some() {
             engine.track_interest();
@@ -196,7 +193,7 @@ impl Node {
             }
             (Request::Subscribe(s), Some(broker)) => {
                 pending.flush();
-                broker.subscribe(self, conn, s).await
+                cluster::subscribe::subscribe(broker.as_ref(), &self.engine, conn, s).await
             }
             (request, _) => match self.handle_now(conn, request, pending, now_us()) {
                 Ok(outcome) => outcome,
@@ -248,6 +245,15 @@ impl Node {
             }
         }
         self.released.notify_waiters();
+    }
+
+    /// Starts the broker, if any, its events coming back to this node.
+    pub async fn start_broker(self: &Arc<Node>) -> anyhow::Result<()> {
+        if let Some(broker) = &self.broker {
+            let events: Weak<dyn Events> = Arc::downgrade(self) as Weak<dyn Events>;
+            broker.start(events).await?;
+        }
+        Ok(())
     }
 
     /// Delivers a message another node published; returns how many of its messages were found
@@ -448,5 +454,24 @@ impl Node {
             .subscriptions
             .set(engine.subscription_count() as i64);
         self.metrics.topics.set(engine.topic_count() as i64);
+    }
+}
+
+impl Events for Node {
+    fn remote_message(&self, p: &Publish, epoch: &str, seq: u64, at_us: u64) -> Option<u64> {
+        self.publish_remote(p, epoch, seq, at_us)
+    }
+
+    fn remote_position(&self, topic: &str, epoch: &str, seq: u64) -> u64 {
+        self.engine.lock().remote_reached(topic, epoch, seq)
+    }
+
+    fn local_positions(&self, each: &mut dyn FnMut(&str, &str, u64)) -> usize {
+        let engine = self.engine.lock();
+        let positions = engine.local_positions();
+        for (topic, epoch, seq) in &positions {
+            each(topic, epoch, *seq);
+        }
+        positions.len()
     }
 }

@@ -15,8 +15,10 @@
 //!
 //! [`Engine::unanswered`]: herald_core::engine::Engine::unanswered
 
-use crate::carried::Reassembly;
-use crate::nats::{Gate, NatsConfig};
+use super::carried::Reassembly;
+use super::gate::Gate;
+use super::TopicHistory;
+use crate::config::NatsConfig;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::StreamMessage, stream};
 use async_nats::Client;
@@ -31,9 +33,6 @@ use tokio::sync::Notify;
 const MAX_READ: usize = 100_000;
 /// Subjects a wildcard snapshot reads at most.
 const MAX_SUBJECTS: usize = 10_000;
-
-/// What a recall found for one topic: its epoch and the whole messages of that epoch.
-pub type TopicHistory = (String, String, Vec<Recalled>);
 
 /// The stream a node reads and (through its ordinary publishes) writes.
 pub struct DurableHistory {
