@@ -8,7 +8,8 @@ A module is a file under `src/` (`lib.rs` is the crate root, `a/mod.rs` and `a.r
 are left out: a module's tests may drive the modules above it. A name the crate root
 re-exports (`pub use config::Config`) counts as the module it comes from.
 
-Usage: scripts/module-cycles.py [CRATE_SRC_DIR]   (default: crates/herald-server/src)
+Usage: scripts/module-cycles.py [-v] [CRATE_SRC_DIR]   (default: crates/herald-server/src;
+-v also prints every module's imports)
 """
 
 import re
@@ -83,7 +84,6 @@ def graph(src: Path) -> dict[str, set[str]]:
     for module, file in modules.items():
         text = strip_test_modules(strip_comments(file.read_text()))
         is_folder_file = file.name == "mod.rs"
-        parent = module.split("::")[:-1] if not is_folder_file else module.split("::")[:-1]
         here = module.split("::") if module != "crate" else []
         paths: list[list[str]] = []
         for m in re.finditer(r"\buse\s+([^;]+);", text):
@@ -91,21 +91,24 @@ def graph(src: Path) -> dict[str, set[str]]:
                 paths.append(p.split("::"))
         for m in re.finditer(r"\b((?:crate|super)(?:::" + IDENT + r")+)", text):
             paths.append(m.group(1).split("::"))
+        # A module brought in by `use` (`use crate::cluster::{self, …}`) names paths below it.
+        aliases = {p[-2] if p[-1] == "self" else p[-1]: p[:-1] if p[-1] == "self" else p for p in paths if p[0] == "crate"}
+        for name, full in aliases.items():
+            if resolve(full[1:]) != "::".join(full[1:]):
+                continue
+            for m in re.finditer(r"(?<![:\w])" + name + r"((?:::" + IDENT + r")+)", text):
+                paths.append(full + m.group(1).split("::")[1:])
         for p in paths:
             if p[0] == "crate":
                 target = resolve(p[1:])
             elif p[0] == "super":
-                base = parent if not is_folder_file else here[:-1]
-                # `super` in `a/b.rs` is `a`; in `a/mod.rs` it is the crate root's level.
-                base = here[:-1]
-                target = resolve(base + p[1:]) if base else resolve(p[1:])
+                # `super` in `a/b.rs` and in `a/mod.rs`'s parent alike: one level up.
+                target = resolve(here[:-1] + p[1:])
             elif p[0] == "self":
                 target = resolve(here + p[1:])
             elif module == "crate" or is_folder_file:
-                # Paths relative to the root (in lib.rs) or to a folder module (its children).
-                target = resolve(here + p) if here + p[:1] != here else None
-                if target == module:
-                    target = None
+                # Relative to the root (in lib.rs) or to a folder module (its children).
+                target = resolve(here + p)
             else:
                 target = None
             if target and target != module and module != "crate" and target != "crate":
@@ -148,7 +151,8 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def main() -> int:
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent.parent / "crates/herald-server/src")
+    args = [a for a in sys.argv[1:] if a != "-v"]
+    src = Path(args[0]) if args else Path(__file__).parent.parent / "crates/herald-server/src"
     edges = graph(src)
     if "-v" in sys.argv:
         for m in sorted(edges):

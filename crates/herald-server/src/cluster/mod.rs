@@ -30,7 +30,7 @@ use std::sync::Weak;
 
 /// The envelope of what nodes carry on NATS (see `carried.rs`), for the fuzz target and tests.
 pub mod envelope {
-    pub use super::carried::{
+    pub use crate::cluster::carried::{
         open, Added, Carried, Chunk, ClusterKey, Reassembly, Reject, MAX_PARTIALS, MIN_PART,
         PARTIAL_BUDGET,
     };
