@@ -140,9 +140,9 @@ impl Node {
 
     /// Carries out a WebSocket client's request, unless it must wait: then it is handed back,
     /// for [`Node::handle_waiting`]. With a broker, a publish is handed on to it and interest
-    /// changes are reported to it, under the engine lock so that NATS sees a topic's messages
-    /// in sequence order. What it queues for connections is written when the caller flushes
-    /// `pending`.
+    /// changes are reported to it, under the engine lock so that the broker gets a topic's
+    /// messages in sequence order. What it queues for connections is written when the caller
+    /// flushes `pending`.
     // The request comes back by value, as it came: boxing it would cost every publish an
     // allocation for the sake of the rare one that waits.
     #[allow(clippy::result_large_err)]
@@ -174,8 +174,9 @@ impl Node {
 
     /// What [`Node::handle_now`] handed back: a publish that waits while a `lossless`
     /// subscriber of its topic is out of credit ([`Node::when_admitted`]), or a subscribe that
-    /// waits for NATS. Rare, and its future is large: the caller boxes it, so that it is not
-    /// part of every connection's session task for the connection's whole life.
+    /// waits for the broker to follow its pattern. Rare, and its future is large: the caller
+    /// boxes it, so that it is not part of every connection's session task for the
+    /// connection's whole life.
     pub async fn handle_waiting(
         &self,
         conn: ConnId,
