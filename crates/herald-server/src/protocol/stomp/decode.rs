@@ -323,14 +323,16 @@ impl Decoder {
     }
 }
 
-/// How many bytes of EOLs (LF or CR LF) start `buf`; a CR at its very end waits for its LF.
+/// How many bytes of EOLs (LF or CR LF) start `buf`; a CR at its very end waits for its LF, and
+/// one followed by anything else is an error.
 fn leading_eols(buf: &[u8]) -> Result<usize, Reason> {
     let mut at = 0;
     loop {
         match buf.get(at..).unwrap_or_default() {
             [b'\n', ..] => at += 1,
             [b'\r', b'\n', ..] => at += 2,
-            [b'\r', _, ..] => return Err(Reason::LoneCr),
+            // The EOLs before it are reported first, however the bytes arrived.
+            [b'\r', _, ..] if at == 0 => return Err(Reason::LoneCr),
             _ => return Ok(at),
         }
     }

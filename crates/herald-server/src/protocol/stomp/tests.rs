@@ -230,6 +230,15 @@ fn crlf_lines_repeated_headers_and_heartbeats() {
     assert_eq!(decoded.len(), 3);
     // A CR at the end of what arrived waits for its LF.
     assert_eq!(decode_all(b"\r").unwrap(), []);
+    // EOLs before a CR without LF are reported before the error, however the bytes arrive.
+    for pieces in [[b"\n\r\n\r".as_slice(), b"x"], [b"\n\r\n\rx", b""]] {
+        let mut decoder = Decoder::new(LIMITS);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(pieces[0]);
+        assert_eq!(decoder.decode(&mut buf), Ok(Some(Decoded::HeartBeat)));
+        buf.extend_from_slice(pieces[1]);
+        assert_eq!(decoder.decode(&mut buf).unwrap_err().reason, Reason::LoneCr);
+    }
 }
 
 #[test]
