@@ -21,6 +21,7 @@
 //! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
 //! - [`cluster`]: the broker boundary joining nodes into a cluster, and the NATS broker behind
 //!   it (when `[nats]` is configured), with durable history in NATS JetStream.
+//! - [`protocol`]: wire protocols other than the native one, without I/O (STOMP).
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
 //! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!
@@ -43,6 +44,7 @@ pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod process;
+pub mod protocol;
 pub mod refusal;
 pub mod socket;
 pub mod tls;

@@ -1,0 +1,221 @@
+//! The frames herald sends: CONNECTED, RECEIPT, ERROR, and MESSAGE built for fan-out.
+//!
+//! A MESSAGE differs per subscriber only in its `subscription` header (and, for subscriptions
+//! with client acknowledgement, its `ack` header), so it goes out as four chunks for one
+//! vectored write, none of them built per delivery:
+//!
+//! 1. the subscriber's prefix, built once per subscription ([`Subscriber`]):
+//!    `MESSAGE`, `subscription:<id>` and, on 1.2 with client acknowledgement, the start of
+//!    `ack:<id>:` (the value is `<subscription id>:<message-id>`, finished by chunk 2);
+//! 2. the headers every subscriber shares, built once per message ([`MessageHead`]): the rest
+//!    of the `ack` value when chunk 1 started one, `message-id`, `destination`, `content-type`,
+//!    `content-length`, herald's [`SEQ`] and [`EPOCH`], the blank line; subscribers without an
+//!    `ack` header get a slice of the same buffer that starts at `message-id`;
+//! 3. the payload, shared with every subscriber and every protocol, never copied;
+//! 4. the NUL that ends the frame.
+
+use super::escape;
+use super::Version;
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// MESSAGE header with the message's sequence number on its topic.
+pub const SEQ: &str = "seq";
+/// MESSAGE header with the epoch of that numbering.
+pub const EPOCH: &str = "epoch";
+/// The NUL that ends every frame (the last chunk of a [`MessageFrame`]).
+const END: Bytes = Bytes::from_static(b"\0");
+
+fn header(out: &mut BytesMut, name: &str, value: &str, version: Option<Version>) {
+    escape::write(out, name, version);
+    out.put_u8(b':');
+    escape::write(out, value, version);
+    out.put_u8(b'\n');
+}
+
+/// A frame with headers and an optional text body, content-length given.
+fn frame(command: &str, headers: &[(&str, &str)], body: &str, version: Option<Version>) -> Bytes {
+    let size = command.len() + body.len() + 32;
+    let mut out = BytesMut::with_capacity(
+        size + headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 8)
+            .sum::<usize>(),
+    );
+    out.put_slice(command.as_bytes());
+    out.put_u8(b'\n');
+    for (name, value) in headers {
+        header(&mut out, name, value, version);
+    }
+    if !body.is_empty() {
+        header(
+            &mut out,
+            "content-type",
+            "text/plain;charset=utf-8",
+            version,
+        );
+        header(&mut out, "content-length", &body.len().to_string(), version);
+    }
+    out.put_u8(b'\n');
+    out.put_slice(body.as_bytes());
+    out.put_u8(0);
+    out.freeze()
+}
+
+/// CONNECTED, the answer to CONNECT (never escaped; see [`escape`]). `heart_beat` is herald's
+/// `(sx, sy)` in milliseconds, the value [`super::heartbeat::negotiate`] was given.
+pub fn connected(version: Version, heart_beat: (u64, u64), server: &str, session: &str) -> Bytes {
+    let hb = format!("{},{}", heart_beat.0, heart_beat.1);
+    let mut headers = vec![
+        ("version", version.as_str()),
+        ("server", server),
+        ("session", session),
+    ];
+    if version > Version::V1_0 {
+        headers.insert(1, ("heart-beat", &hb));
+    }
+    frame("CONNECTED", &headers, "", None)
+}
+
+/// RECEIPT for a frame whose `receipt` header was `receipt_id`.
+pub fn receipt(receipt_id: &str, version: Version) -> Bytes {
+    frame("RECEIPT", &[("receipt-id", receipt_id)], "", Some(version))
+}
+
+/// An ERROR frame, after which herald closes the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorFrame<'a> {
+    /// A short description (the `message` header).
+    pub message: &'a str,
+    /// The offending frame's `receipt`, if it had one.
+    pub receipt_id: Option<&'a str>,
+    /// Longer detail for the text/plain body; empty for none.
+    pub detail: &'a str,
+    /// Add `version` with the versions herald speaks (the answer to a CONNECT without one).
+    pub list_versions: bool,
+}
+
+impl ErrorFrame<'_> {
+    /// The frame, escaped for `version` (`None` before one is negotiated).
+    pub fn encode(&self, version: Option<Version>) -> Bytes {
+        let mut headers = vec![("message", self.message)];
+        if self.list_versions {
+            headers.push(("version", super::version::SUPPORTED));
+        }
+        if let Some(id) = self.receipt_id {
+            headers.push(("receipt-id", id));
+        }
+        frame("ERROR", &headers, self.detail, version)
+    }
+}
+
+/// The MESSAGE prefix of one subscription (chunk 1), built when the client subscribes.
+#[derive(Debug, Clone)]
+pub struct Subscriber {
+    prefix: Bytes,
+    acked: bool,
+}
+
+impl Subscriber {
+    /// For subscription `id` of a client speaking `version`; `client_ack`: its `ack` mode is
+    /// `client` or `client-individual`, so its MESSAGE frames carry an `ack` header on 1.2
+    /// (1.0 and 1.1 acknowledge by `message-id` and `subscription` instead).
+    pub fn new(id: &str, version: Version, client_ack: bool) -> Subscriber {
+        let acked = client_ack && version == Version::V1_2;
+        let mut prefix = BytesMut::with_capacity(2 * id.len() + 32);
+        prefix.put_slice(b"MESSAGE\n");
+        header(&mut prefix, "subscription", id, Some(version));
+        if acked {
+            prefix.put_slice(b"ack:");
+            escape::write(&mut prefix, id, Some(version));
+            // The `:` between subscription id and message-id, escaped as 1.2 requires.
+            prefix.put_slice(b"\\c");
+        }
+        Subscriber {
+            prefix: prefix.freeze(),
+            acked,
+        }
+    }
+}
+
+/// What a MESSAGE says about the message, the same for every subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageParts<'a> {
+    /// Unique among the messages a connection may acknowledge; herald never puts a `:` in it,
+    /// so that [`parse_ack`] can split an `ack` value at its last `:`.
+    pub message_id: &'a str,
+    pub destination: &'a str,
+    pub content_type: Option<&'a str>,
+    pub body_len: usize,
+    pub seq: u64,
+    pub epoch: &'a str,
+}
+
+/// The shared headers of one message for subscribers speaking one version (chunk 2).
+#[derive(Debug, Clone)]
+pub struct MessageHead {
+    /// The rest of an `ack` value (`<message-id>` and its LF), then the headers.
+    with_ack: Bytes,
+    /// Where the headers start in `with_ack`.
+    headers_at: usize,
+}
+
+impl MessageHead {
+    pub fn new(parts: &MessageParts<'_>, version: Version) -> MessageHead {
+        let v = Some(version);
+        let mut out = BytesMut::with_capacity(
+            2 * parts.message_id.len()
+                + parts.destination.len()
+                + parts.epoch.len()
+                + parts.content_type.map_or(0, str::len)
+                + 128,
+        );
+        escape::write(&mut out, parts.message_id, v);
+        out.put_u8(b'\n');
+        let headers_at = out.len();
+        header(&mut out, "message-id", parts.message_id, v);
+        header(&mut out, "destination", parts.destination, v);
+        if let Some(ct) = parts.content_type {
+            header(&mut out, "content-type", ct, v);
+        }
+        header(&mut out, "content-length", &parts.body_len.to_string(), v);
+        header(&mut out, SEQ, &parts.seq.to_string(), v);
+        header(&mut out, EPOCH, parts.epoch, v);
+        out.put_u8(b'\n');
+        MessageHead {
+            with_ack: out.freeze(),
+            headers_at,
+        }
+    }
+
+    /// The frame for `subscriber`, whose client speaks the version this head was built for,
+    /// with `body` (of the length given in [`MessageParts`]). Only reference counts change.
+    pub fn frame(&self, subscriber: &Subscriber, body: &Bytes) -> MessageFrame {
+        let shared = if subscriber.acked {
+            self.with_ack.clone()
+        } else {
+            self.with_ack.slice(self.headers_at..)
+        };
+        MessageFrame([subscriber.prefix.clone(), shared, body.clone(), END])
+    }
+}
+
+/// A whole MESSAGE frame as the chunks of one vectored write (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageFrame(pub [Bytes; 4]);
+
+impl MessageFrame {
+    /// Bytes in all chunks: what a WebSocket frame carrying it announces.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The subscription id and message-id an ACK or NACK `id` names, for an `ack` header written
+/// by [`MessageHead::frame`] (`<subscription id>:<message-id>`, unescaped).
+pub fn parse_ack(id: &str) -> Option<(&str, &str)> {
+    id.rsplit_once(':')
+}
