@@ -17,6 +17,7 @@
 //! - [`node`]: what the sessions share: the engine, metrics, the session tracker.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
+//! - [`protocol`]: the other wire protocols (MQTT): codecs and name mappings, free of I/O.
 //! - [`nats`]: the NATS broker joining nodes into a cluster (when `[nats]` is configured).
 //! - [`jetstream`]: durable history in NATS JetStream (`[nats] jetstream = true`).
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
@@ -42,6 +43,7 @@ pub mod metrics;
 pub mod nats;
 pub mod node;
 pub mod process;
+pub mod protocol;
 pub mod socket;
 pub mod tls;
 pub mod upload;
