@@ -141,10 +141,7 @@ impl Prepared {
         if remaining > MAX_VARINT as usize || props_len > MAX_VARINT as usize {
             return Err(TooLarge);
         }
-        let first = 0x30
-            | u8::from(d.dup) << 3
-            | (d.qos as u8) << 1
-            | u8::from(d.retain);
+        let first = 0x30 | u8::from(d.dup) << 3 | (d.qos as u8) << 1 | u8::from(d.retain);
         let mut out = BytesMut::with_capacity(1 + varint_len(remaining) + variable);
         out.put_u8(first);
         put_varint(&mut out, remaining);

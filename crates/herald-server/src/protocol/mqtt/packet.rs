@@ -497,9 +497,7 @@ fn read_packet(
         12 => Packet::PingReq,
         14 => Packet::Disconnect(read_disconnect(r, v5)?),
         15 if v5 => Packet::Auth(read_auth(r)?),
-        2 | 9 | 11 | 13 => {
-            return fault(ReasonCode::ProtocolError, "a packet only a server sends")
-        }
+        2 | 9 | 11 | 13 => return fault(ReasonCode::ProtocolError, "a packet only a server sends"),
         _ => return malformed("a reserved packet type"),
     };
     if !r.is_empty() {
@@ -568,8 +566,8 @@ const RELEASE_CODES: &[u8] = &[0x00, 0x92];
 /// The reason codes of a DISCONNECT (§3.14.2.1): a client may only send some, but reading
 /// any of the table keeps what a client means.
 const DISCONNECT_CODES: &[u8] = &[
-    0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94,
-    0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2,
+    0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95,
+    0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2,
 ];
 /// The reason codes of an AUTH (§3.15.2.1).
 const AUTH_CODES: &[u8] = &[0x00, 0x18, 0x19];
@@ -646,7 +644,10 @@ fn read_subscribe(r: &mut Reader, v5: bool) -> Result<Subscribe, Fault> {
         });
     }
     if filters.is_empty() {
-        return fault(ReasonCode::ProtocolError, "a SUBSCRIBE without a topic filter");
+        return fault(
+            ReasonCode::ProtocolError,
+            "a SUBSCRIBE without a topic filter",
+        );
     }
     Ok(Subscribe {
         packet_id,

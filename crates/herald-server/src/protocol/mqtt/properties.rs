@@ -96,7 +96,10 @@ impl Place {
                 Place::Subscribe => id == SUBSCRIPTION_IDENTIFIER,
                 Place::Unsubscribe => false,
                 Place::Disconnect => {
-                    matches!(id, SESSION_EXPIRY_INTERVAL | REASON_STRING | SERVER_REFERENCE)
+                    matches!(
+                        id,
+                        SESSION_EXPIRY_INTERVAL | REASON_STRING | SERVER_REFERENCE
+                    )
                 }
                 Place::Auth => matches!(
                     id,
@@ -149,7 +152,10 @@ fn flag(r: &mut Reader) -> Result<bool, Fault> {
     match r.u8()? {
         0 => Ok(false),
         1 => Ok(true),
-        _ => fault(ReasonCode::ProtocolError, "a property that is 0 or 1 is neither"),
+        _ => fault(
+            ReasonCode::ProtocolError,
+            "a property that is 0 or 1 is neither",
+        ),
     }
 }
 
@@ -200,9 +206,7 @@ pub fn read(r: &mut Reader, place: Place) -> Result<Properties, Fault> {
             SESSION_EXPIRY_INTERVAL => once(&mut p.session_expiry_interval, r.u32()?)?,
             AUTHENTICATION_METHOD => once(&mut p.authentication_method, r.string()?)?,
             AUTHENTICATION_DATA => once(&mut p.authentication_data, r.binary()?)?,
-            REQUEST_PROBLEM_INFORMATION => {
-                once(&mut p.request_problem_information, flag(&mut r)?)?
-            }
+            REQUEST_PROBLEM_INFORMATION => once(&mut p.request_problem_information, flag(&mut r)?)?,
             WILL_DELAY_INTERVAL => once(&mut p.will_delay_interval, r.u32()?)?,
             REQUEST_RESPONSE_INFORMATION => {
                 once(&mut p.request_response_information, flag(&mut r)?)?
@@ -392,6 +396,9 @@ mod tests {
             p.user_properties,
             vec![("k".into(), "a".into()), ("k".into(), "b".into())]
         );
-        assert_eq!(read_at(b"", Place::Unsubscribe).unwrap(), Properties::default());
+        assert_eq!(
+            read_at(b"", Place::Unsubscribe).unwrap(),
+            Properties::default()
+        );
     }
 }

@@ -205,7 +205,14 @@ mod tests {
 
     #[test]
     fn names_map_to_themselves_unless_a_level_cannot() {
-        for name in ["a", "a/b/c", "$SYS/broker", "sport/tennis", "ab*/c>", "é/日本"] {
+        for name in [
+            "a",
+            "a/b/c",
+            "$SYS/broker",
+            "sport/tennis",
+            "ab*/c>",
+            "é/日本",
+        ] {
             assert!(matches!(to_herald_topic(name), Ok(Cow::Borrowed(n)) if n == name));
             assert!(matches!(to_mqtt_topic(name), Some(Cow::Borrowed(n)) if n == name));
         }
@@ -281,12 +288,23 @@ mod tests {
     fn shared_subscriptions() {
         let shared = |text| parse_subscription(text).map(|s| (s.share_group, s.filter));
         assert_eq!(shared("$share/g/a/#"), Ok((Some("g"), "a/#")));
-        assert_eq!(shared("$share/consumer1/sport/tennis/+"), Ok((Some("consumer1"), "sport/tennis/+")));
+        assert_eq!(
+            shared("$share/consumer1/sport/tennis/+"),
+            Ok((Some("consumer1"), "sport/tennis/+"))
+        );
         assert_eq!(shared("$share/g//a"), Ok((Some("g"), "/a")));
         assert_eq!(shared("a/b"), Ok((None, "a/b")));
         assert_eq!(shared("$SYS/#"), Ok((None, "$SYS/#")));
         assert_eq!(shared("$sharefoo/a"), Ok((None, "$sharefoo/a")));
-        for bad in ["$share", "$share/", "$share/g", "$share/g/", "$share//a", "$share/+/a", "$share/a#/b"] {
+        for bad in [
+            "$share",
+            "$share/",
+            "$share/g",
+            "$share/g/",
+            "$share//a",
+            "$share/+/a",
+            "$share/a#/b",
+        ] {
             assert_eq!(shared(bad), Err(FilterError::Share), "{bad}");
         }
     }
@@ -295,8 +313,16 @@ mod tests {
     fn matching_examples_from_the_specification() {
         for (filter, name, want) in [
             ("sport/tennis/player1/#", "sport/tennis/player1", true),
-            ("sport/tennis/player1/#", "sport/tennis/player1/ranking", true),
-            ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", true),
+            (
+                "sport/tennis/player1/#",
+                "sport/tennis/player1/ranking",
+                true,
+            ),
+            (
+                "sport/tennis/player1/#",
+                "sport/tennis/player1/score/wimbledon",
+                true,
+            ),
             ("sport/#", "sport", true),
             ("sport/tennis/+", "sport/tennis/player1", true),
             ("sport/tennis/+", "sport/tennis/player1/ranking", false),
@@ -353,7 +379,11 @@ mod tests {
             })
             .collect();
         let mut filters = generate(&["a", "", "$x", "*", ">", "+"], 3);
-        filters.extend(generate(&["a", "", "$x", "+", "*"], 2).iter().map(|f| format!("{f}/#")));
+        filters.extend(
+            generate(&["a", "", "$x", "+", "*"], 2)
+                .iter()
+                .map(|f| format!("{f}/#")),
+        );
         filters.push("#".into());
         filters.retain(|f| !f.is_empty());
         let mut checked = 0;
@@ -367,7 +397,11 @@ mod tests {
                 let hits = f.patterns.iter().filter(|p| matches(p, topic)).count();
                 assert!(hits <= 1, "{filter} {name}: patterns overlap");
                 let delivered = hits == 1 && !(f.excludes_dollar && name.starts_with('$'));
-                assert_eq!(delivered, want, "{filter} {name} ({topic}, {:?})", f.patterns);
+                assert_eq!(
+                    delivered, want,
+                    "{filter} {name} ({topic}, {:?})",
+                    f.patterns
+                );
                 checked += 1;
             }
         }

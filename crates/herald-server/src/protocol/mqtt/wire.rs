@@ -244,17 +244,14 @@ mod tests {
         assert_eq!(read(b"\x00\x02hi").unwrap(), "hi");
         assert_eq!(read(b"\x00\x00").unwrap(), "");
         // §1.5.4's example: U+2A6D4 followed by "A" is fine (and not a BOM to strip).
-        assert_eq!(
-            read(b"\x00\x05\xF0\xAA\x9B\x94A").unwrap(),
-            "\u{2A6D4}A"
-        );
+        assert_eq!(read(b"\x00\x05\xF0\xAA\x9B\x94A").unwrap(), "\u{2A6D4}A");
         for bad in [
-            &b"\x00\x01\x00"[..],         // U+0000
-            b"\x00\x02\xC0\x80",          // overlong U+0000
-            b"\x00\x03\xED\xA0\x80",      // a surrogate
-            b"\x00\x01\xFF",              // not UTF-8
-            b"\x00\x03ab",                // shorter than its length
-            b"\x00",                      // a length cut short
+            &b"\x00\x01\x00"[..],    // U+0000
+            b"\x00\x02\xC0\x80",     // overlong U+0000
+            b"\x00\x03\xED\xA0\x80", // a surrogate
+            b"\x00\x01\xFF",         // not UTF-8
+            b"\x00\x03ab",           // shorter than its length
+            b"\x00",                 // a length cut short
         ] {
             assert_eq!(
                 read(bad).unwrap_err().reason,
