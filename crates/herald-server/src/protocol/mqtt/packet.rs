@@ -255,6 +255,13 @@ impl Decoder {
             reply: reply.unwrap_or_else(|| reply_for(version, in_connect, f.reason)),
             detail: f.detail,
         };
+        if in_connect && first >> 4 != 1 {
+            let f = Fault {
+                reason: ReasonCode::ProtocolError,
+                detail: "the first packet is not CONNECT",
+            };
+            return Err(error(None, f, Some(Reply::Close)));
+        }
         let minimal = self.version == Some(Version::V5);
         let (remaining, len_bytes) = match read_varint(&buf[1..], minimal) {
             Ok(Some(found)) => found,
@@ -277,13 +284,6 @@ impl Decoder {
         let mut r = Reader::new(packet);
         match self.version {
             None => {
-                if first >> 4 != 1 {
-                    let f = Fault {
-                        reason: ReasonCode::ProtocolError,
-                        detail: "the first packet is not CONNECT",
-                    };
-                    return Err(error(None, f, Some(Reply::Close)));
-                }
                 let connect = read_connect(first, &mut r)
                     .map_err(|(version, f, reply)| error(version, f, reply))?;
                 self.version = Some(connect.version);

@@ -352,8 +352,8 @@ fn connect_refusals() {
     // Authentication data without a method.
     let e = connect(b"\x10\x12\x00\x04MQTT\x05\x02\x00\x3c\x05\x16\x00\x02ab\x00\x00").unwrap_err();
     assert_eq!(e.reply, Reply::Connack5(ReasonCode::ProtocolError));
-    // Anything before CONNECT.
-    let e = connect(b"\xc0\x00").unwrap_err();
+    // Anything before CONNECT, refused from its first byte.
+    let e = connect(b"\xc0").unwrap_err();
     assert_eq!(
         (e.reason, e.reply),
         (ReasonCode::ProtocolError, Reply::Close)
