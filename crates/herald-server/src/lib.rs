@@ -21,7 +21,8 @@
 //! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
 //! - [`cluster`]: the broker boundary joining nodes into a cluster, and the NATS broker behind
 //!   it (when `[nats]` is configured), with durable history in NATS JetStream.
-//! - [`protocol`]: wire protocols other than the native one, without I/O (STOMP).
+//! - [`protocol`]: the wire protocols other than the native one (MQTT, STOMP): codecs and name
+//!   mappings, free of I/O.
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
 //! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
 //!

@@ -1,4 +1,5 @@
-//! The wire protocols herald speaks besides its native one, each in its own module: decoding
-//! what a client sends and encoding what herald sends back, with no I/O.
+//! The wire protocols herald speaks besides its native one, one module each: each decodes a
+//! client's requests and encodes what herald sends, and knows nothing of sockets or sessions.
 
+pub mod mqtt;
 pub mod stomp;
