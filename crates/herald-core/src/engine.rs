@@ -9,10 +9,10 @@
 //! [`crate::message`]).
 
 use crate::index::SubscriptionIndex;
+use crate::message::Message;
 use crate::outbox::Delivery;
 use crate::policy::{Credit, Policy, PolicyRule, QueuePolicy};
 use crate::prefetch::prefetch;
-use crate::message::Message;
 use crate::reply::{DropReason, Reply};
 use crate::request::{PayloadKind, ProtocolError, Publish, Request, RequestId, Subscribe};
 use crate::topic;
@@ -1085,10 +1085,7 @@ impl<O: Outbox> Engine<O> {
         };
         self.reply(conn, &reply);
         if let Some(c) = self.conn(conn) {
-            recovery
-                .messages
-                .iter()
-                .for_each(|m| c.outbox.recovered(m));
+            recovery.messages.iter().for_each(|m| c.outbox.recovered(m));
         }
         Ok(())
     }

@@ -184,7 +184,14 @@ mod tests {
     #[test]
     fn a_slot_is_encoded_once_and_shared() {
         let head = TopicHead::new("a/b".into(), "e1".into());
-        let m = Message::new(head, 7, PayloadKind::Binary, Bytes::from_static(b"xyz"), None, None);
+        let m = Message::new(
+            head,
+            7,
+            PayloadKind::Binary,
+            Bytes::from_static(b"xyz"),
+            None,
+            None,
+        );
         let calls = Cell::new(0);
         let encode = |m: &Message| {
             calls.set(calls.get() + 1);

@@ -666,6 +666,8 @@ mod policy_tests {
         }
         assert_eq!(sent.len(), 60);
         assert_eq!(codec.encoded.get(), 1, "encoded once");
-        assert!(sent.iter().all(|f| f.head.as_ptr() == sent[0].head.as_ptr()));
+        assert!(sent
+            .iter()
+            .all(|f| f.head.as_ptr() == sent[0].head.as_ptr()));
     }
 }

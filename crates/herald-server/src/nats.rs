@@ -38,7 +38,7 @@ use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, HeaderMap, Mes
 use bytes::Bytes;
 use futures_util::StreamExt;
 use herald_core::engine::{ConnId, HistoryRule, Interest, Published, Unanswered};
-use herald_core::wire::{Publish, Request, Subscribe};
+use herald_core::request::{Publish, Request, Subscribe};
 use herald_core::{subject, topic};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -525,7 +525,10 @@ fn topics_view_counts_each_subscribing_connection_once() {
         .topics_page("", None, usize::MAX)
         .find(|t| t.name == "q/fx/x")
         .unwrap();
-    assert_eq!(frame_json(&Native.message(&view.last().unwrap()))["data"], "2");
+    assert_eq!(
+        frame_json(&Native.message(&view.last().unwrap()))["data"],
+        "2"
+    );
     e.disconnect(b);
     let view = e
         .topics_page("", None, usize::MAX)
@@ -819,11 +822,7 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
     }
     for p in &publishes {
         let state = idle.topic_state(&p.topic);
-        assert!(
-            matches!(state.last, Some(Last::Unmade(_))),
-            "{}",
-            p.topic
-        );
+        assert!(matches!(state.last, Some(Last::Unmade(_))), "{}", p.topic);
     }
     let (late, snapshot) = client(&mut idle);
     req(
@@ -846,7 +845,10 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
         .topics_page("", None, usize::MAX)
         .find(|t| t.name == "t/typed")
         .unwrap();
-    assert_eq!(frame_json(&Native.message(&view.last().unwrap()))["ct"], "text/csv");
+    assert_eq!(
+        frame_json(&Native.message(&view.last().unwrap()))["ct"],
+        "text/csv"
+    );
 }
 
 /// A text payload is a slice of the read that brought it (its frame's bytes): a last value kept
@@ -1364,7 +1366,9 @@ struct Queued {
 impl Queued {
     fn drain(&self) -> Vec<Frame> {
         let mut out = Vec::new();
-        self.queue.borrow_mut().drain_into(&mut out, &*self.codec, 0);
+        self.queue
+            .borrow_mut()
+            .drain_into(&mut out, &*self.codec, 0);
         out
     }
 }
@@ -1404,7 +1408,8 @@ fn a_message_is_encoded_once_however_it_reaches_its_subscribers() {
     let live: Vec<_> = (0..20)
         .map(|_| connect(&mut e, r#"{"op":"sub","topic":"t/>"}"#))
         .collect();
-    live.iter().for_each(|q| assert_eq!(q.drain().len(), 1, "the reply"));
+    live.iter()
+        .for_each(|q| assert_eq!(q.drain().len(), 1, "the reply"));
     let cursor = e.cursor();
     e.publish(&text("t/a", "hello"), 0).unwrap();
     e.publish(&text("t/unsent", "never drained"), 0).unwrap();
@@ -1425,7 +1430,13 @@ fn a_message_is_encoded_once_however_it_reaches_its_subscribers() {
     }
     // What the other ten hold of `t/unsent` and `t/a` was never drained.
     assert_eq!(codec.encoded.get(), 2, "each drained message encoded once");
-    let first = live[0].codec.message(&e.topics_page("t/a", None, 1).next().unwrap().last().unwrap());
+    let first = live[0].codec.message(
+        &e.topics_page("t/a", None, 1)
+            .next()
+            .unwrap()
+            .last()
+            .unwrap(),
+    );
     assert_eq!(codec.encoded.get(), 2);
     assert!(heads.iter().all(|h| *h == first.head.as_ptr()));
 }

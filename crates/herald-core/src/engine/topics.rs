@@ -6,11 +6,11 @@
 //! `HashMap` needs a second lookup to create on a miss without cloning the name on every hit.
 
 use super::{EngineConfig, HistoryRule};
+use crate::message::{Message, TopicHead};
 use crate::mix::splitmix64;
 use crate::prefetch::prefetch;
-use crate::topic;
-use crate::message::{Message, TopicHead};
 use crate::request::{PayloadKind, Publish};
+use crate::topic;
 use crate::wire::client_frames;
 use bytes::Bytes;
 use compact_str::CompactString;

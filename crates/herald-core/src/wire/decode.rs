@@ -488,8 +488,6 @@ mod tests {
         assert_eq!(decode_binary(f.into()).unwrap_err().code, "bad_frame");
     }
 
-
-
     /// A `pub` request's fields in any order, mostly plain and sometimes not: values the fast
     /// path takes, and values only serde may answer (escapes, nulls, floats, odd numbers,
     /// another op, an unknown field, a duplicate).
@@ -645,6 +643,4 @@ mod tests {
             "the payload was copied"
         );
     }
-
-
 }

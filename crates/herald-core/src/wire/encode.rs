@@ -273,5 +273,4 @@ mod tests {
             json!({"op":"dropped","topic":"a/\"é\"","count":3,"reason":"drop"})
         );
     }
-
 }
