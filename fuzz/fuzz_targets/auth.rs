@@ -3,7 +3,7 @@
 //! the input), then the grants are exercised on a subscription and a publish.
 #![no_main]
 
-use herald_core::wire::{Publish, PayloadKind, Request, Subscribe};
+use herald_core::request::{Publish, PayloadKind, Request, Subscribe};
 use herald_server::auth::{Access, AuthConfig, Authenticator};
 use jsonwebtoken::{Algorithm, EncodingKey};
 use libfuzzer_sys::fuzz_target;

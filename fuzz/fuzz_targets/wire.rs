@@ -3,14 +3,36 @@
 //! must decode every text exactly as the general (serde) decoder does.
 #![no_main]
 
+use herald_core::codec::{Encode, Frame};
 use herald_core::engine::{Engine, EngineConfig, Outbox};
-use herald_core::wire::{self, Frame, Request};
+use herald_core::message::Message;
+use herald_core::outbox::Delivery;
+use herald_core::reply::{DropReason, Reply};
+use herald_core::request::Request;
+use herald_core::wire::{self, Native};
 use libfuzzer_sys::fuzz_target;
 
+/// Encodes everything it is sent as herald's protocol does, and checks the frame.
 struct Sink;
-impl Outbox for Sink {
-    fn send(&self, frame: &Frame) {
+
+impl Sink {
+    fn check(frame: Frame) {
         assert!(frame.len() >= 2, "every frame has a WebSocket header");
+    }
+}
+
+impl Outbox for Sink {
+    fn reply(&self, reply: &Reply) {
+        Sink::check(Native.reply(reply));
+    }
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) {
+        Sink::check(Native.dropped(topic, count, reason));
+    }
+    fn deliver(&self, message: &Message, _: &Delivery) {
+        Sink::check(Native.message(message));
+    }
+    fn recovered(&self, message: &Message) {
+        Sink::check(Native.message(message));
     }
 }
 

@@ -12,7 +12,10 @@ use bytes::Bytes;
 use compact_str::CompactString;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use herald_core::engine::{Engine, EngineConfig, HistoryRule, Outbox};
-use herald_core::wire::{Frame, PayloadKind, Publish};
+use herald_core::message::Message;
+use herald_core::outbox::Delivery;
+use herald_core::reply::{DropReason, Reply};
+use herald_core::request::{PayloadKind, Publish};
 
 /// herald's allocator for the small blocks a publish makes (crates/herald/src/allocator.rs).
 #[global_allocator]
@@ -22,7 +25,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Nobody;
 
 impl Outbox for Nobody {
-    fn send(&self, _: &Frame) {}
+    fn reply(&self, _: &Reply) {}
+    fn dropped(&self, _: &str, _: u64, _: DropReason) {}
+    fn deliver(&self, _: &Message, _: &Delivery) {}
+    fn recovered(&self, _: &Message) {}
 }
 
 /// The payload's size in the Solace scenarios.

@@ -1,63 +1,72 @@
 //! The engine: topics (sequence numbers, epochs, history, last value), subscriptions, and
-//! fan-out. Pure and deterministic: time comes in as an argument and frames go out through
-//! each connection's [`Outbox`], so it is tested without sockets or clocks.
+//! fan-out. Pure and deterministic: time comes in as an argument and what a connection is sent
+//! goes out through its [`Outbox`], so it is tested without sockets or clocks.
 //!
-//! A message is encoded once ([`wire::encode_message`]) and the same refcounted frame is handed
-//! to every matching connection; a connection holding overlapping patterns gets it once.
+//! The engine speaks no protocol: it takes [`Request`]s and sends typed [`Reply`]s, notices and
+//! [`Message`]s. A message is made once and the same refcounted [`Message`] is handed to every
+//! matching connection (a connection holding overlapping patterns gets it once); each
+//! connection's protocol encodes it when it leaves the connection's queue (see
+//! [`crate::message`]).
 
 use crate::index::SubscriptionIndex;
+use crate::message::Message;
 use crate::outbox::Delivery;
 use crate::policy::{Credit, Policy, PolicyRule, QueuePolicy};
 use crate::prefetch::prefetch;
+use crate::reply::{DropReason, Reply};
+use crate::request::{PayloadKind, ProtocolError, Publish, Request, RequestId, Subscribe};
 use crate::topic;
-use crate::wire::{self, Frame, MessageMeta, ProtocolError, Publish, Reply, Request, Subscribe};
+use bytes::Bytes;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// Where a connection's frames go. The server's implementation queues them for the socket
-/// writer; tests collect them.
+/// Where what the engine sends a connection goes. The server's implementation queues it for
+/// the socket writer, to be encoded in the connection's protocol; tests collect it.
 pub trait Outbox {
-    /// Replies, replayed and snapshot messages: never dropped.
-    fn send(&self, frame: &Frame);
+    /// A reply to one of the connection's requests: never dropped.
+    fn reply(&self, reply: &Reply);
+
+    /// `count` messages of `topic` never reached the connection, for `reason`: never dropped.
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason);
 
     /// A live message, under the slow-consumer policy that applies to it on this connection.
-    fn deliver(&self, frame: &Frame, _delivery: &Delivery) {
-        self.send(frame)
-    }
+    fn deliver(&self, message: &Message, delivery: &Delivery);
+
+    /// A replayed or snapshot message: never dropped, and not counted against the bound on
+    /// live messages (a recovery larger than that bound must not cut a healthy subscriber).
+    fn recovered(&self, message: &Message);
 
     /// A message for this connection is coming: start loading what [`Outbox::deliver`] will
     /// touch (see [`crate::prefetch`]).
     fn prefetch(&self) {}
 
-    /// A replayed or snapshot message: never dropped, and not counted against the bound on
-    /// live messages (a recovery larger than that bound must not cut a healthy subscriber).
-    fn send_recovered(&self, frame: &Frame) {
-        self.send(frame)
-    }
-
-    /// How many bytes of recovery this connection may still queue; a recovery larger than
-    /// this leaves out its oldest messages and says so in its reply.
+    /// How many bytes of recovery ([`Message::size`]) this connection may still queue; a
+    /// recovery larger than this leaves out its oldest messages and says so in its reply.
     fn recovery_room(&self) -> usize {
         usize::MAX
     }
 }
 
 impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
-    fn send(&self, frame: &Frame) {
-        (**self).send(frame)
+    fn reply(&self, reply: &Reply) {
+        (**self).reply(reply)
     }
 
-    fn deliver(&self, frame: &Frame, delivery: &Delivery) {
-        (**self).deliver(frame, delivery)
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) {
+        (**self).dropped(topic, count, reason)
+    }
+
+    fn deliver(&self, message: &Message, delivery: &Delivery) {
+        (**self).deliver(message, delivery)
+    }
+
+    fn recovered(&self, message: &Message) {
+        (**self).recovered(message)
     }
 
     fn prefetch(&self) {
         (**self).prefetch()
-    }
-
-    fn send_recovered(&self, frame: &Frame) {
-        (**self).send_recovered(frame)
     }
 
     fn recovery_room(&self) -> usize {
@@ -230,10 +239,10 @@ pub struct TopicView<'a> {
 }
 
 impl TopicView<'_> {
-    /// The last message's frame, exactly as a snapshot delivers it (encoded now if it was
-    /// kept unencoded: asked for only by those who show it).
-    pub fn last(&self) -> Option<Frame> {
-        self.state.last_frame()
+    /// The last message, as a snapshot delivers it (made now if it was kept as published:
+    /// asked for only by those who show it).
+    pub fn last(&self) -> Option<Message> {
+        self.state.last_message()
     }
 }
 
@@ -476,7 +485,7 @@ impl<O: Outbox> Engine<O> {
 
     /// The epoch of topic `name`, if it has state.
     pub fn epoch_of(&self, name: &str) -> Option<&str> {
-        self.topics.get(name).map(|t| t.epoch.as_str())
+        self.topics.get(name).map(|t| t.head.epoch())
     }
 
     pub fn connect(&mut self, outbox: O) -> ConnId {
@@ -580,7 +589,7 @@ impl<O: Outbox> Engine<O> {
             TopicView {
                 name: &t.name,
                 seq: t.seq,
-                epoch: &t.epoch,
+                epoch: t.head.epoch(),
                 subscribers: conns.len(),
                 history: t.history.len(),
                 state: t,
@@ -664,7 +673,7 @@ impl<O: Outbox> Engine<O> {
     /// Sends `reply` to one connection.
     pub fn reply(&self, conn: ConnId, reply: &Reply) {
         if let Some(c) = self.conn(conn) {
-            c.outbox.send(&wire::encode_reply(reply));
+            c.outbox.reply(reply);
         }
     }
 
@@ -672,7 +681,7 @@ impl<O: Outbox> Engine<O> {
         self.conns.get(id as usize).and_then(Option::as_ref)
     }
 
-    /// Publishes a message: assigns the topic's next sequence number, encodes the frame once,
+    /// Publishes a message: assigns the topic's next sequence number, makes the message once,
     /// records it, and hands it to every matching connection once.
     pub fn publish(&mut self, p: &Publish, now_us: u64) -> Result<Published, ProtocolError> {
         self.publish_by(p, 0, now_us)
@@ -706,7 +715,7 @@ impl<O: Outbox> Engine<O> {
         self.check(p, 0)?;
         let state = self.topics.entry(&self.config, &p.topic, Numbering::Origin);
         let mut missed = 0;
-        if state.epoch != epoch {
+        if state.head.epoch() != epoch {
             state.restart(epoch.to_owned(), seq.saturating_sub(1), true);
         } else if seq <= state.seq {
             let published = Published {
@@ -717,7 +726,7 @@ impl<O: Outbox> Engine<O> {
             return Ok(RemotePublished { published, missed });
         } else if seq > state.seq + 1 {
             missed = seq - state.seq - 1;
-            let epoch = state.epoch.clone();
+            let epoch = state.head.epoch().to_owned();
             state.restart(epoch, seq - 1, true);
         }
         let before = state.remote_at;
@@ -736,7 +745,6 @@ impl<O: Outbox> Engine<O> {
     /// message arrived (publish count `before`) that `missed` messages never came. Those who
     /// subscribed later did not miss them: this node was not following the topic meanwhile.
     fn notify_hole(&mut self, name: &str, missed: u64, before: u64) {
-        let notice = wire::encode_dropped(name, missed, "remote");
         self.publish_count += 1;
         let generation = self.publish_count;
         let conns = &mut self.conns;
@@ -748,7 +756,7 @@ impl<O: Outbox> Engine<O> {
                     .any(|sub| sub.subscribed_at <= before && topic::matches(&sub.pattern, name));
                 if c.seen != generation && listening {
                     c.seen = generation;
-                    c.outbox.send(&notice);
+                    c.outbox.dropped(name, missed, DropReason::Remote);
                 }
             }
         });
@@ -805,7 +813,7 @@ impl<O: Outbox> Engine<O> {
                 ),
             )));
         }
-        if p.kind == wire::PayloadKind::Text && wire::utf8(&p.payload).is_err() {
+        if p.kind == PayloadKind::Text && crate::request::utf8(&p.payload).is_err() {
             return Err(fail(ProtocolError::new(
                 "bad_frame",
                 "a text payload must be valid UTF-8",
@@ -838,9 +846,9 @@ impl<O: Outbox> Engine<O> {
         self.index.for_each_match(&p.topic, |id| matched.push(id));
         let history = state.history_rule(config);
         if matched.is_empty() && !history.is_some_and(HistoryRule::keeps_messages) {
-            // Nobody to send it to, no history to keep it in: a discard, whose frame would be
+            // Nobody to send it to, no history to keep it in: a discard, whose message would be
             // needed only if someone asked for the last value. Kept as published instead.
-            state.last = Some(Last::Unencoded(Unencoded::of(p, seq, now_us)));
+            state.last = Some(Last::Unmade(Unmade::of(p, seq, now_us)));
             state.last_at = generation;
             state.last_us = now_us;
             state.dropped_at = generation;
@@ -856,13 +864,7 @@ impl<O: Outbox> Engine<O> {
         let default = rule.map_or((Policy::Disconnect, None), |i| {
             (config.policy[i].policy, config.policy[i].max_rate)
         });
-        let meta = MessageMeta {
-            head: &state.head,
-            seq,
-            content_type: p.content_type.as_deref(),
-            timestamp_us: p.stamp.then_some(now_us),
-        };
-        let frame = wire::encode_message(&meta, p.kind, &p.payload);
+        let message = message_of(&state.head, seq, p, p.stamp.then_some(now_us));
         if let Some(history) = history {
             state.trim_by_age(history, now_us);
         }
@@ -872,7 +874,7 @@ impl<O: Outbox> Engine<O> {
                 seq,
                 at_us: now_us,
                 at: generation,
-                frame: frame.clone(),
+                message: message.clone(),
             },
         );
         charge(&mut self.usage, state);
@@ -918,7 +920,7 @@ impl<O: Outbox> Engine<O> {
                 rule,
                 now_us,
             };
-            c.outbox.deliver(&frame, &delivery);
+            c.outbox.deliver(&message, &delivery);
             deliveries += 1;
         }
         matched.clear();
@@ -977,7 +979,7 @@ impl<O: Outbox> Engine<O> {
     fn credit(
         &mut self,
         conn: ConnId,
-        id: Option<wire::RequestId>,
+        id: Option<RequestId>,
         pattern: &str,
         n: u64,
         bytes: u64,
@@ -1077,16 +1079,13 @@ impl<O: Outbox> Engine<O> {
             id: s.id,
             topic: s.topic,
             recovered: recovery.gaps.is_empty(),
-            replayed: recovery.frames.len(),
+            replayed: recovery.messages.len(),
             gaps: recovery.gaps,
             cursor: self.cursor(),
         };
         self.reply(conn, &reply);
         if let Some(c) = self.conn(conn) {
-            recovery
-                .frames
-                .iter()
-                .for_each(|f| c.outbox.send_recovered(f));
+            recovery.messages.iter().for_each(|m| c.outbox.recovered(m));
         }
         Ok(())
     }
@@ -1094,7 +1093,7 @@ impl<O: Outbox> Engine<O> {
     fn unsubscribe(
         &mut self,
         conn: ConnId,
-        id: Option<wire::RequestId>,
+        id: Option<RequestId>,
         pattern: String,
     ) -> Result<(), ProtocolError> {
         let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
@@ -1118,6 +1117,24 @@ impl<O: Outbox> Engine<O> {
         self.reply(conn, &Reply::Unsubscribed { id, topic: pattern });
         Ok(())
     }
+}
+
+/// Message `seq` of the numbering `head`, made of publish `p`, stamped `stamp_us` if asked.
+/// A text payload is a slice of the frame that brought it, and is copied: keeping the slice
+/// would keep the whole read buffer alive. A binary one is already a buffer of its own (the
+/// frame reader copies small ones out, see `wire::client_frames::detached`), and is shared.
+fn message_of(
+    head: &std::sync::Arc<crate::message::TopicHead>,
+    seq: u64,
+    p: &Publish,
+    stamp_us: Option<u64>,
+) -> Message {
+    let payload = match p.kind {
+        PayloadKind::Text => Bytes::copy_from_slice(&p.payload),
+        PayloadKind::Binary => p.payload.clone(),
+    };
+    let content_type = p.content_type.as_deref().map(Box::from);
+    Message::new(head.clone(), seq, p.kind, payload, content_type, stamp_us)
 }
 
 /// `origin`'s usage, made when first needed.
@@ -1172,6 +1189,6 @@ mod recovery;
 mod sweep;
 mod topics;
 
-use topics::{Last, Numbering, Stored, TopicState, Topics, Unencoded};
+use topics::{Last, Numbering, Stored, TopicState, Topics, Unmade};
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,11 @@
 //!
 //! - [`topic`]: the topic and pattern grammar (`a/b`, `a/*/c`, `a/>`), validation, matching.
 //! - [`index`]: the subscription index, a trie that finds who a topic's message goes to.
-//! - [`wire`]: the native protocol codec; encodes each message once as a shareable frame.
+//! - [`request`], [`reply`]: what clients ask and what herald answers, whatever the protocol.
+//! - [`message`]: a numbered message, shared by refcount, with each protocol's encoding of it
+//!   cached beside it; [`codec`]: what a protocol implements to turn messages, replies and
+//!   notices into the bytes a connection writes.
+//! - [`wire`]: the native protocol codec (JSON over WebSocket).
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out; its
 //!   recovery (what a subscription is sent before its live messages: `since`, its cursor,
 //!   `snapshot`) and its sweep (aged history, idle topics forgotten) are modules of their own.
@@ -14,13 +18,17 @@
 //! - [`prefetch`]: a hint to the CPU to load memory about to be used.
 //! - [`mix`]: SplitMix64, numbers that look random (epochs; the bench's seeded draws).
 
+pub mod codec;
 pub mod engine;
 pub mod grant;
 pub mod index;
+pub mod message;
 pub mod mix;
 pub mod outbox;
 pub mod policy;
 pub mod prefetch;
+pub mod reply;
+pub mod request;
 pub mod subject;
 pub mod topic;
 pub mod wire;

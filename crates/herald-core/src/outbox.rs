@@ -1,16 +1,21 @@
-//! A connection's outbound queue: the frames waiting for its socket, bounded in bytes.
+//! A connection's outbound queue: what waits for its socket, bounded in bytes.
 //!
-//! Pure bookkeeping, no I/O: the network writer drains it, the engine fills it. Frames are
-//! shared (refcounted), so a queued frame costs a pointer here, but the *bound* counts each
-//! frame's full length: that is what a slow reader makes the server hold on its behalf.
+//! Pure bookkeeping, no I/O: the network writer drains it, the engine fills it. It holds
+//! messages as the engine made them, shared (a queued message costs a pointer here), and frames
+//! already encoded (replies, notices, control frames); the connection's codec encodes each
+//! message as it is drained ([`OutboundQueue::drain_into`]), so a message conflated or dropped
+//! here is never encoded. The *bound* counts each message's [`Message::size`] and each frame's
+//! length: what a slow reader makes the server hold on its behalf.
 
+use crate::codec::{Encode, Frame};
+use crate::message::Message;
 use crate::policy::QueuePolicy;
-use crate::wire::{self, Frame};
+use crate::reply::DropReason;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-/// What became of a pushed frame.
+/// What became of a pushed message or frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pushed {
     /// Queued; the queue was empty before (or a throttled message now waits for its turn), so
@@ -20,7 +25,7 @@ pub enum Pushed {
     Queued,
     /// The queue is over its bound: the caller applies its slow-consumer policy.
     Overflow,
-    /// The queue is closed (a close frame is queued or sent): the frame was discarded.
+    /// The queue is closed (a close frame is queued or sent): what was pushed is discarded.
     Closed,
 }
 
@@ -44,10 +49,22 @@ pub struct Delivered {
     pub conflated: u64,
 }
 
-struct Entry {
-    frame: Frame,
-    /// Set for messages under `drop` or `conflate`, which the queue may discard.
-    topic: Option<Arc<str>>,
+enum Entry {
+    /// Encoded already: a reply, a notice, a control frame, the close.
+    Frame(Frame),
+    /// A message, encoded as it is drained; its topic is set under `drop` or `conflate`, whose
+    /// messages the queue may discard or replace.
+    Message(Message, Option<Arc<str>>),
+}
+
+impl Entry {
+    /// What it counts against the bound.
+    fn size(&self) -> usize {
+        match self {
+            Entry::Frame(frame) => frame.len(),
+            Entry::Message(message, _) => message.size(),
+        }
+    }
 }
 
 /// A conflated topic's state on this connection.
@@ -56,7 +73,7 @@ struct Conflation {
     /// Absolute position of its message still in the queue.
     queued: Option<u64>,
     /// Its newest message, waiting for the throttle interval to pass.
-    held: Option<Frame>,
+    held: Option<Message>,
     /// When its last message was queued (µs): the throttle counts from there.
     last_us: u64,
     /// Values superseded since its last message went: announced just before the next one, so
@@ -75,7 +92,7 @@ type TopicMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 pub struct OutboundQueue {
-    /// Queued frames in order; a `None` is a dropped message's hole.
+    /// Queued entries in order; a `None` is a dropped message's hole.
     slots: VecDeque<Option<Entry>>,
     /// Absolute position of `slots[0]` (positions never repeat, so they can be remembered).
     base: u64,
@@ -98,7 +115,7 @@ pub struct OutboundQueue {
 }
 
 impl OutboundQueue {
-    /// A queue that holds at most `limit` bytes. One frame larger than the limit is still
+    /// A queue that holds at most `limit` bytes. One entry larger than the limit is still
     /// accepted into an empty queue: the bound limits the backlog, not the message size.
     pub fn new(limit: usize) -> Self {
         OutboundQueue {
@@ -107,29 +124,33 @@ impl OutboundQueue {
         }
     }
 
-    /// Queues a frame that is never dropped (replies, control frames, `disconnect` and
-    /// `lossless` messages).
+    /// Queues a frame that is never dropped (replies, notices, control frames).
     pub fn push(&mut self, frame: Frame) -> Pushed {
+        self.push_entry(Entry::Frame(frame))
+    }
+
+    /// Queues an entry that is never dropped: a frame, or a `disconnect` or `lossless` message.
+    fn push_entry(&mut self, entry: Entry) -> Pushed {
         if self.closed {
             return Pushed::Closed;
         }
-        if !self.fits(&frame) {
+        if !self.fits(entry.size()) {
             return Pushed::Overflow;
         }
-        self.append(frame, None);
+        self.append(entry);
         self.pushed()
     }
 
     /// Queues a replayed or snapshot message: never dropped, and not counted against the bound
     /// on live messages, so a recovery larger than the bound reaches a healthy subscriber
     /// whole (the caller bounds recoveries by their own limit: [`OutboundQueue::recovered_bytes`]).
-    pub fn push_recovered(&mut self, frame: Frame) -> Pushed {
+    pub fn push_recovered(&mut self, message: Message) -> Pushed {
         if self.closed {
             return Pushed::Closed;
         }
-        self.recovered_bytes += frame.len();
+        self.recovered_bytes += message.size();
         self.live += 1;
-        self.slots.push_back(Some(Entry { frame, topic: None }));
+        self.slots.push_back(Some(Entry::Message(message, None)));
         self.pushed()
     }
 
@@ -141,7 +162,7 @@ impl OutboundQueue {
     /// Queues a message under its policy: `drop` makes room by dropping the oldest droppable
     /// messages (or this one), `conflate` replaces the topic's queued or held message, and
     /// holds a message back until the topic's throttle interval has passed.
-    pub fn deliver(&mut self, frame: &Frame, d: &Delivery) -> Delivered {
+    pub fn deliver(&mut self, message: &Message, d: &Delivery) -> Delivered {
         let mut delivered = Delivered {
             pushed: Pushed::Queued,
             dropped: 0,
@@ -152,32 +173,38 @@ impl OutboundQueue {
             return delivered;
         }
         match d.policy {
-            QueuePolicy::Keep => delivered.pushed = self.push(frame.clone()),
+            QueuePolicy::Keep => {
+                delivered.pushed = self.push_entry(Entry::Message(message.clone(), None))
+            }
             QueuePolicy::Drop => {
-                while !self.fits(frame) {
+                let size = message.size();
+                while !self.fits(size) {
                     let Some(pos) = self.droppable.pop_front() else {
                         break;
                     };
                     let slot = &mut self.slots[(pos - self.base) as usize];
-                    let entry = slot.take().expect("droppable positions are live");
+                    let Some(Entry::Message(old, Some(topic))) = slot.take() else {
+                        unreachable!("droppable positions hold messages with their topic");
+                    };
                     self.live -= 1;
-                    self.bytes -= entry.frame.len();
-                    self.note_drop(entry.topic.expect("droppable entries have a topic"));
+                    self.bytes -= old.size();
+                    self.note_drop(topic);
                     delivered.dropped += 1;
                 }
-                if self.fits(frame) {
+                if self.fits(size) {
                     self.droppable
                         .push_back(self.base + self.slots.len() as u64);
-                    self.append(frame.clone(), Some(d.topic.clone()));
+                    self.append(Entry::Message(message.clone(), Some(d.topic.clone())));
                     delivered.pushed = self.pushed();
                 } else {
-                    // Only undroppable frames are queued: this message is the oldest droppable.
+                    // Only undroppable entries are queued: this message is the oldest droppable.
                     self.note_drop(d.topic.clone());
                     delivered.dropped += 1;
                 }
             }
             QueuePolicy::Conflate { min_interval_us } => {
-                let fits = self.fits(frame);
+                let size = message.size();
+                let fits = self.fits(size);
                 // Found by the name it points to: the topic's `Arc` is cloned only for a new
                 // entry, not counted up and down again on every message.
                 let (_, state) = self
@@ -186,16 +213,17 @@ impl OutboundQueue {
                     .from_key::<str>(d.topic)
                     .or_insert_with(|| (d.topic.clone(), Conflation::default()));
                 let replaced = if let Some(pos) = state.queued {
-                    let slot = self.slots[(pos - self.base) as usize]
-                        .as_mut()
-                        .expect("a conflated position is live");
-                    Some(&mut slot.frame)
+                    let slot = self.slots[(pos - self.base) as usize].as_mut();
+                    let Some(Entry::Message(old, _)) = slot else {
+                        unreachable!("a conflated position holds a message");
+                    };
+                    Some(old)
                 } else {
                     state.held.as_mut()
                 };
                 if let Some(old) = replaced {
-                    let grow = frame.len() as isize - old.len() as isize;
-                    *old = frame.clone();
+                    let grow = size as isize - old.size() as isize;
+                    *old = message.clone();
                     if state.queued.is_some() {
                         self.bytes = self.bytes.saturating_add_signed(grow);
                     } else {
@@ -212,8 +240,8 @@ impl OutboundQueue {
                 }
                 let next_us = state.last_us.saturating_add(min_interval_us);
                 if min_interval_us > 0 && state.last_us > 0 && d.now_us < next_us {
-                    state.held = Some(frame.clone());
-                    self.held_bytes += frame.len();
+                    state.held = Some(message.clone());
+                    self.held_bytes += size;
                     self.due.push(Reverse((next_us, d.topic.clone())));
                     delivered.pushed = Pushed::First;
                     return delivered;
@@ -224,23 +252,23 @@ impl OutboundQueue {
                 }
                 state.queued = Some(self.base + self.slots.len() as u64);
                 state.last_us = d.now_us;
-                self.append(frame.clone(), Some(d.topic.clone()));
+                self.append(Entry::Message(message.clone(), Some(d.topic.clone())));
                 delivered.pushed = self.pushed();
             }
         }
         delivered
     }
 
-    /// Whether `frame` may join the live backlog: always into an empty one (a message larger
-    /// than the bound still goes whole), else within the bound.
-    fn fits(&self, frame: &Frame) -> bool {
-        self.bytes == 0 || self.bytes + frame.len() <= self.limit
+    /// Whether `size` more bytes may join the live backlog: always into an empty one (a message
+    /// larger than the bound still goes whole), else within the bound.
+    fn fits(&self, size: usize) -> bool {
+        self.bytes == 0 || self.bytes + size <= self.limit
     }
 
-    fn append(&mut self, frame: Frame, topic: Option<Arc<str>>) {
-        self.bytes += frame.len();
+    fn append(&mut self, entry: Entry) {
+        self.bytes += entry.size();
         self.live += 1;
-        self.slots.push_back(Some(Entry { frame, topic }));
+        self.slots.push_back(Some(entry));
     }
 
     fn pushed(&self) -> Pushed {
@@ -275,15 +303,15 @@ impl OutboundQueue {
         self.due.clear();
         self.held_bytes = 0;
         self.closed = true;
-        self.append(frame, None);
+        self.append(Entry::Frame(frame));
         true
     }
 
-    /// Moves every frame that may go now into `out` (the writer sends them in one vectored
-    /// write): throttled messages whose time has come join the queue, then a `dropped` notice
-    /// per topic that lost messages to `drop`, then the queue in order, each conflated message
-    /// preceded by the notice of the values it superseded.
-    pub fn drain_into(&mut self, out: &mut Vec<Frame>, now_us: u64) {
+    /// Moves everything that may go now into `out` as frames of `codec` (the writer sends them
+    /// in one vectored write): throttled messages whose time has come join the queue, then a
+    /// `dropped` notice per topic that lost messages to `drop`, then the queue in order, each
+    /// conflated message preceded by the notice of the values it superseded.
+    pub fn drain_into<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
         while let Some(Reverse((due, _))) = self.due.peek() {
             if *due > now_us {
                 break;
@@ -293,11 +321,11 @@ impl OutboundQueue {
                 .conflated
                 .get_mut(&topic)
                 .expect("held topics have state");
-            let frame = state.held.take().expect("a due topic holds a message");
+            let message = state.held.take().expect("a due topic holds a message");
             state.queued = Some(self.base + self.slots.len() as u64);
             state.last_us = now_us;
-            self.held_bytes -= frame.len();
-            self.append(frame, Some(topic));
+            self.held_bytes -= message.size();
+            self.append(Entry::Message(message, Some(topic)));
         }
         // Checked first: draining a map that once held notices walks its whole table, and this
         // runs at every writer wake-up.
@@ -305,7 +333,7 @@ impl OutboundQueue {
             out.extend(
                 self.dropped
                     .drain()
-                    .map(|(topic, count)| wire::encode_dropped(&topic, count, "drop")),
+                    .map(|(topic, count)| codec.dropped(&topic, count, DropReason::Drop)),
             );
         }
         self.base += self.slots.len() as u64;
@@ -313,19 +341,24 @@ impl OutboundQueue {
         // set up and drop, empty queue or not (a direct write drains twice: 2,220 → 2,021
         // instructions per delivery, bench/callgrind.sh).
         while let Some(slot) = self.slots.pop_front() {
-            let Some(entry) = slot else {
-                continue; // a dropped message's hole
+            let (message, topic) = match slot {
+                None => continue, // a dropped message's hole
+                Some(Entry::Frame(frame)) => {
+                    out.push(frame);
+                    continue;
+                }
+                Some(Entry::Message(message, topic)) => (message, topic),
             };
-            if let Some(topic) = &entry.topic {
+            if let Some(topic) = &topic {
                 if let Some(state) = self.conflated.get_mut(topic) {
                     state.queued = None;
                     if state.superseded > 0 {
-                        out.push(wire::encode_dropped(topic, state.superseded, "conflate"));
+                        out.push(codec.dropped(topic, state.superseded, DropReason::Conflate));
                         state.superseded = 0;
                     }
                 }
             }
-            out.push(entry.frame);
+            out.push(codec.message(&message));
         }
         self.droppable.clear();
         self.live = 0;
@@ -354,7 +387,7 @@ impl OutboundQueue {
         self.closed
     }
 
-    /// Frames queued (throttled messages not counted).
+    /// Entries queued (throttled messages not counted).
     pub fn len(&self) -> usize {
         self.live
     }
@@ -372,6 +405,7 @@ impl OutboundQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Native;
     use bytes::Bytes;
 
     fn frame(n: usize) -> Frame {
@@ -389,7 +423,7 @@ mod tests {
         assert_eq!(q.push(frame(1)), Pushed::Overflow);
         assert_eq!((q.len(), q.bytes()), (2, 100));
         let mut out = Vec::new();
-        q.drain_into(&mut out, 0);
+        q.drain_into(&mut out, &Native, 0);
         assert_eq!((out.len(), q.bytes()), (2, 0));
         assert_eq!(q.push(frame(1)), Pushed::First);
     }
@@ -409,7 +443,7 @@ mod tests {
         assert!(!q.close(frame(4), true));
         assert_eq!(q.push(frame(1)), Pushed::Closed);
         let mut out = Vec::new();
-        q.drain_into(&mut out, 0);
+        q.drain_into(&mut out, &Native, 0);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].len(), 4);
         assert!(q.is_closed());
@@ -422,7 +456,7 @@ mod tests {
             q.push(frame(10));
         }
         let mut out = Vec::new();
-        q.drain_into(&mut out, 0);
+        q.drain_into(&mut out, &Native, 0);
         assert_eq!(out.len(), 100);
         assert!(q.slots.capacity() >= 100);
         q.shrink_idle();
@@ -445,7 +479,7 @@ mod tests {
         q.push(frame(50));
         q.close(frame(4), false);
         let mut out = Vec::new();
-        q.drain_into(&mut out, 0);
+        q.drain_into(&mut out, &Native, 0);
         assert_eq!(out.iter().map(Frame::len).collect::<Vec<_>>(), vec![50, 4]);
     }
 }
@@ -453,13 +487,40 @@ mod tests {
 #[cfg(test)]
 mod policy_tests {
     use super::*;
+    use crate::message::TopicHead;
     use crate::policy::QueuePolicy;
+    use crate::reply::Reply;
+    use crate::request::PayloadKind;
     use bytes::Bytes;
+    use std::cell::Cell;
 
-    fn msg(n: u64) -> Frame {
-        Frame {
-            head: Bytes::from(n.to_be_bytes().to_vec()),
-            body: Bytes::new(),
+    /// Message `n` of `topic`.
+    fn msg(topic: &Arc<str>, n: u64) -> Message {
+        let head = TopicHead::new(topic.clone(), "e".into());
+        Message::new(head, n, PayloadKind::Binary, Bytes::new(), None, None)
+    }
+
+    /// Encodes a message as its seq (8 bytes), notices as herald does; counts its encodings.
+    #[derive(Default)]
+    struct Seqs {
+        encoded: Cell<usize>,
+    }
+
+    impl Encode for Seqs {
+        fn message(&self, m: &Message) -> Frame {
+            m.encoded(1, |m| {
+                self.encoded.set(self.encoded.get() + 1);
+                Frame {
+                    head: Bytes::from(m.seq().to_be_bytes().to_vec()),
+                    body: Bytes::new(),
+                }
+            })
+        }
+        fn reply(&self, reply: &Reply) -> Frame {
+            crate::wire::Native.reply(reply)
+        }
+        fn dropped(&self, topic: &str, count: u64, reason: DropReason) -> Frame {
+            crate::wire::Native.dropped(topic, count, reason)
         }
     }
 
@@ -484,7 +545,7 @@ mod policy_tests {
         let mut now = 1_000_000u64;
         let mut drain =
             |q: &mut OutboundQueue, now: u64, last: &mut Vec<u64>, got: &mut Vec<u32>| {
-                q.drain_into(&mut out, now);
+                q.drain_into(&mut out, &Seqs::default(), now);
                 for f in out.drain(..) {
                     if let Some(v) = value(&f) {
                         let t = ((v - 1) % 100) as usize;
@@ -503,7 +564,7 @@ mod policy_tests {
                     rule: None,
                     now_us: now,
                 };
-                q.deliver(&msg(n), &d);
+                q.deliver(&msg(topic, n), &d);
             }
             now += 200;
             if now.is_multiple_of(1000) {
@@ -555,23 +616,58 @@ mod policy_tests {
             rule: None,
             now_us,
         };
-        q.deliver(&msg(1), &at(&a, 1));
-        q.deliver(&msg(10), &at(&b, 1));
-        q.deliver(&msg(2), &at(&a, 2));
-        q.deliver(&msg(3), &at(&a, 3));
+        let codec = Seqs::default();
+        q.deliver(&msg(&a, 1), &at(&a, 1));
+        q.deliver(&msg(&b, 10), &at(&b, 1));
+        q.deliver(&msg(&a, 2), &at(&a, 2));
+        q.deliver(&msg(&a, 3), &at(&a, 3));
         let mut out = Vec::new();
-        q.drain_into(&mut out, 4);
+        q.drain_into(&mut out, &codec, 4);
         assert_eq!(shape(&out), ["dropped a 2", "3", "10"]);
 
         // `a` went at 1: its next slot is at 1,001. 4 waits and 5 replaces it.
-        q.deliver(&msg(4), &at(&a, 100));
-        q.deliver(&msg(5), &at(&a, 200));
+        q.deliver(&msg(&a, 4), &at(&a, 100));
+        q.deliver(&msg(&a, 5), &at(&a, 200));
         out.clear();
         for now in [300, 600, 900] {
-            q.drain_into(&mut out, now);
+            q.drain_into(&mut out, &codec, now);
         }
         assert!(out.is_empty(), "{:?}", shape(&out));
-        q.drain_into(&mut out, 1_001);
+        q.drain_into(&mut out, &codec, 1_001);
         assert_eq!(shape(&out), ["dropped a 1", "5"]);
+        // The values conflated away never went out, and were never encoded.
+        assert_eq!(codec.encoded.get(), 3);
+    }
+
+    /// One message delivered to many queues, live under each policy and replayed, is encoded
+    /// once for the protocol they speak, and every queue sends the same bytes.
+    #[test]
+    fn a_message_is_encoded_once_for_every_queue_it_reaches() {
+        let topic: Arc<str> = "t".into();
+        let m = msg(&topic, 7);
+        let codec = Seqs::default();
+        let policies = [
+            QueuePolicy::Keep,
+            QueuePolicy::Drop,
+            QueuePolicy::Conflate { min_interval_us: 0 },
+        ];
+        let mut sent = Vec::new();
+        for policy in policies.into_iter().cycle().take(30) {
+            let mut q = OutboundQueue::new(1 << 20);
+            let d = Delivery {
+                topic: &topic,
+                policy,
+                rule: None,
+                now_us: 1,
+            };
+            q.deliver(&m, &d);
+            q.push_recovered(m.clone());
+            q.drain_into(&mut sent, &codec, 1);
+        }
+        assert_eq!(sent.len(), 60);
+        assert_eq!(codec.encoded.get(), 1, "encoded once");
+        assert!(sent
+            .iter()
+            .all(|f| f.head.as_ptr() == sent[0].head.as_ptr()));
     }
 }

@@ -1,6 +1,6 @@
 //! Helpers shared by this crate's unit tests.
 
-use crate::wire::Frame;
+use crate::codec::Frame;
 
 /// Splits an encoded server frame into (opcode, payload), checking its WebSocket header.
 pub fn unframe(frame: &Frame) -> (u8, Vec<u8>) {

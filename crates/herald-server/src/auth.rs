@@ -9,8 +9,9 @@
 use anyhow::{bail, Context};
 use herald_core::grant::Grants;
 use herald_core::policy::Policy;
+use herald_core::reply::Reply;
+use herald_core::request::{ProtocolError, Request};
 use herald_core::topic;
-use herald_core::wire::{ProtocolError, Reply, Request};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::RwLock;

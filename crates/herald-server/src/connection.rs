@@ -7,15 +7,23 @@
 //! socket, the close frame, throttled messages, and everything on a TLS connection. Each takes
 //! everything queued at its turn and sends it with vectored writes, so under load many messages
 //! leave in one system call, and when idle a message leaves at once.
+//!
+//! Each connection speaks one protocol, its codec: the queue holds messages as the engine made
+//! them, and whoever writes encodes them with the codec as it takes them (the bytes cached in
+//! each message, shared by every connection of that protocol). Replies and notices the engine
+//! sends are encoded by the codec when they are queued, so the bound counts their real length.
 
 use crate::clock::now_us;
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::socket::{DirectSocket, SharedWrite};
 use bytes::Buf;
+use herald_core::codec::{Encode, Frame};
 use herald_core::engine::Outbox;
+use herald_core::message::Message;
 use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
 use herald_core::prefetch::prefetch;
-use herald_core::wire::{self, Frame};
+use herald_core::reply::{DropReason, Reply};
+use herald_core::wire;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
@@ -26,8 +34,12 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
+/// A connection's protocol: what encodes what it is sent.
+pub type Codec = &'static (dyn Encode + Send + Sync);
+
 pub struct Connection {
     out: Mutex<Outgoing>,
+    codec: Codec,
     /// The plain TCP socket, which queueing tasks may write to directly; `None` when only the
     /// writer task writes (TLS, VBDS).
     socket: Option<DirectSocket>,
@@ -67,13 +79,16 @@ enum Writer {
 }
 
 impl Outbox for Connection {
-    fn send(&self, frame: &Frame) {
-        let pushed = self.out.lock().queue.push(frame.clone());
-        self.after_push(pushed, None);
+    fn reply(&self, reply: &Reply) {
+        self.send(self.codec.reply(reply));
     }
 
-    fn deliver(&self, frame: &Frame, d: &Delivery) {
-        let delivered = self.out.lock().queue.deliver(frame, d);
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) {
+        self.send(self.codec.dropped(topic, count, reason));
+    }
+
+    fn deliver(&self, message: &Message, d: &Delivery) {
+        let delivered = self.out.lock().queue.deliver(message, d);
         if delivered.dropped > 0 {
             self.metrics
                 .policy(PolicyAction::Drop, d.rule, delivered.dropped);
@@ -89,8 +104,8 @@ impl Outbox for Connection {
         prefetch(self, std::mem::size_of::<Self>());
     }
 
-    fn send_recovered(&self, frame: &Frame) {
-        let pushed = self.out.lock().queue.push_recovered(frame.clone());
+    fn recovered(&self, message: &Message) {
+        let pushed = self.out.lock().queue.push_recovered(message.clone());
         self.after_push(pushed, None);
     }
 
@@ -127,22 +142,35 @@ impl QueueLimits {
 }
 
 impl Connection {
-    /// A connection whose writer task does all the writing.
+    /// A connection of herald's protocol whose writer task does all the writing.
     pub fn new(limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::build(None, limits, metrics)
+        Self::speaking(&wire::Native, limits, metrics)
     }
 
-    /// A connection on a plain TCP socket that queueing tasks may also write to directly.
+    /// A connection of `codec`'s protocol whose writer task does all the writing.
+    pub fn speaking(codec: Codec, limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::build(codec, None, limits, metrics)
+    }
+
+    /// A connection of herald's protocol on a plain TCP socket that queueing tasks may also
+    /// write to directly.
     pub fn direct(socket: OwnedWriteHalf, limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::build(Some(DirectSocket::new(socket)), limits, metrics)
+        Self::build(
+            &wire::Native,
+            Some(DirectSocket::new(socket)),
+            limits,
+            metrics,
+        )
     }
 
     fn build(
+        codec: Codec,
         socket: Option<DirectSocket>,
         limits: QueueLimits,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Connection {
+            codec,
             out: Mutex::new(Outgoing {
                 queue: OutboundQueue::new(limits.outbound),
                 writer: Writer::Nobody,
@@ -157,6 +185,12 @@ impl Connection {
             max_recovery_bytes: limits.recovery,
             metrics,
         })
+    }
+
+    /// Queues a frame encoded for this connection, never dropped (a reply, a notice).
+    fn send(&self, frame: Frame) {
+        let pushed = self.out.lock().queue.push(frame);
+        self.after_push(pushed, None);
     }
 
     /// Arranges for a first frame to be written (directly after the current batch, or by the
@@ -240,7 +274,7 @@ impl Connection {
             if out.writer != Writer::Nobody || out.queue.is_closed() {
                 return 0;
             }
-            out.queue.drain_into(frames, now_us);
+            out.queue.drain_into(frames, self.codec, now_us);
             if frames.is_empty() {
                 // Only throttled messages wait: the writer task keeps their time.
                 let throttled = out.queue.next_due().is_some();
@@ -267,7 +301,7 @@ impl Connection {
                 return taken;
             }
             if !out.queue.is_closed() {
-                out.queue.drain_into(frames, now_us);
+                out.queue.drain_into(frames, self.codec, now_us);
                 taken += frames.len();
             }
             if frames.is_empty() {
@@ -353,7 +387,7 @@ impl Connection {
                         return false;
                     }
                     Writer::Nobody | Writer::Task => {
-                        out.queue.drain_into(batch, now_us());
+                        out.queue.drain_into(batch, self.codec, now_us());
                         if batch.is_empty() {
                             // About to wait: an idle connection keeps little memory.
                             out.queue.shrink_idle();
@@ -655,20 +689,14 @@ mod tests {
     #[tokio::test]
     async fn writer_sends_queue_then_close_and_stops() {
         let conn = Connection::new(QueueLimits::both(1 << 20), Arc::new(Metrics::default()));
-        conn.send(&Frame {
-            head: Bytes::from_static(b"abc"),
-            body: Bytes::new(),
-        });
+        conn.reply(&Reply::Pong { id: None });
         conn.close(Disconnect::Shutdown, 1001, "server shutting down");
-        conn.send(&Frame {
-            head: Bytes::from_static(b"late"),
-            body: Bytes::new(),
-        });
+        conn.reply(&Reply::Pong { id: Some(1.into()) });
         let mut sink = Trickle::new(2);
         conn.run_writer(&mut sink, Duration::from_secs(1))
             .await
             .unwrap();
-        let mut expected = b"abc".to_vec();
+        let mut expected = wire::encode_reply(&Reply::Pong { id: None }).to_vec();
         expected.extend(wire::encode_close(1001, "server shutting down").to_vec());
         assert_eq!(sink.out, expected);
         assert_eq!(conn.close_reason(), Some(Disconnect::Shutdown));
@@ -678,10 +706,7 @@ mod tests {
     async fn overflow_closes_as_slow_consumer_without_the_backlog() {
         let conn = Connection::new(QueueLimits::both(10), Arc::new(Metrics::default()));
         for _ in 0..3 {
-            conn.send(&Frame {
-                head: Bytes::from_static(b"12345678"),
-                body: Bytes::new(),
-            });
+            conn.reply(&Reply::Pong { id: None }); // 15 bytes: the second overflows
         }
         assert!(conn.is_closing());
         let mut sink = Trickle::new(usize::MAX);

@@ -17,8 +17,8 @@
 
 use crate::clock::now_us;
 use crate::connection::{self, Connection};
+use herald_core::codec::Frame;
 use herald_core::prefetch::prefetch;
-use herald_core::wire::Frame;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -264,8 +264,8 @@ mod tests {
     use super::*;
     use crate::connection::QueueLimits;
     use crate::metrics::Metrics;
-    use bytes::Bytes;
     use herald_core::engine::Outbox;
+    use herald_core::reply::Reply;
     use std::io::{ErrorKind, Read};
     use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
@@ -307,12 +307,14 @@ mod tests {
         (0..conns.len()).filter(|&i| !got[i]).collect()
     }
 
-    /// A two-byte text frame, "hi": 4 bytes on the wire.
-    fn hi() -> Frame {
-        Frame {
-            head: Bytes::from_static(b"\x81\x02"),
-            body: Bytes::from_static(b"hi"),
-        }
+    /// A small reply, `pong`.
+    fn hi() -> Reply {
+        Reply::Pong { id: None }
+    }
+
+    /// Its length on the wire.
+    fn hi_len() -> usize {
+        herald_core::wire::encode_reply(&hi()).len()
     }
 
     /// Nothing has reached any peer (the flush's writes are synchronous: had there been one,
@@ -353,7 +355,7 @@ mod tests {
         for _ in 0..times {
             pending.collect(|| {
                 for (conn, _) in conns {
-                    conn.send(&frame);
+                    conn.reply(&frame);
                 }
             });
             pending.delivered(conns.len());
@@ -375,15 +377,15 @@ mod tests {
         publish_to_all(&mut pending, &conns, first - 1);
         nothing_arrived(&conns, (first - 1) * n);
         publish_to_all(&mut pending, &conns, 1);
-        each_receives(&conns, first * 4);
+        each_receives(&conns, first * hi_len());
         // Still behind: as many again stay held, the hold being twice as long now.
         publish_to_all(&mut pending, &conns, first);
         nothing_arrived(&conns, first * n);
         pending.drained();
-        each_receives(&conns, first * 4);
+        each_receives(&conns, first * hi_len());
         // Drained: back to the first hold.
         publish_to_all(&mut pending, &conns, first);
-        each_receives(&conns, first * 4);
+        each_receives(&conns, first * hi_len());
     }
 
     /// A backlog to one subscriber leaves every [`ENOUGH_PER_CONNECTION`] messages, not after
@@ -395,7 +397,7 @@ mod tests {
         let mut pending = Pending::default();
         let mut publish = |times: usize| {
             for _ in 0..times {
-                pending.collect(|| conns[0].0.send(&frame));
+                pending.collect(|| conns[0].0.reply(&frame));
                 pending.delivered(1);
                 while pending.flush_if_full() {}
             }
@@ -403,7 +405,7 @@ mod tests {
         publish(ENOUGH_PER_CONNECTION - 1);
         nothing_arrived(&conns, ENOUGH_PER_CONNECTION - 1);
         publish(1);
-        each_receives(&conns, ENOUGH_PER_CONNECTION * 4);
+        each_receives(&conns, ENOUGH_PER_CONNECTION * hi_len());
     }
 
     /// A full hold over more connections than a chunk leaves a chunk at a time, those noted
@@ -420,11 +422,11 @@ mod tests {
         // The hold fills; the first chunk's deliveries take it back under.
         assert!(CHUNK * first > first * n - FLUSH_AFTER);
         publish_to_all(&mut pending, &conns, 1);
-        each_receives(&conns[..CHUNK], first * 4);
+        each_receives(&conns[..CHUNK], first * hi_len());
         nothing_arrived(&conns[CHUNK..], (n - CHUNK) * first);
         // Drained, the rest leaves too.
         pending.drained();
-        each_receives(&conns[CHUNK..], first * 4);
+        each_receives(&conns[CHUNK..], first * hi_len());
     }
 
     /// A long flush goes [`CHUNK`] connections at a time, those noted first first. What is
@@ -438,28 +440,28 @@ mod tests {
         let mut pending = Pending::default();
         pending.collect(|| {
             for (conn, _) in &conns {
-                conn.send(&frame);
+                conn.reply(&frame);
             }
         });
         assert!(pending.flush_chunk(), "more than a chunk was noted");
-        each_receives(&conns[..CHUNK], 4);
+        each_receives(&conns[..CHUNK], hi_len());
         nothing_arrived(&conns[CHUNK..], conns.len() - CHUNK);
         // Meanwhile a publish reaches the first connection (written) and the last (waiting).
         pending.collect(|| {
-            conns[0].0.send(&frame);
-            conns[last].0.send(&frame);
+            conns[0].0.reply(&frame);
+            conns[last].0.reply(&frame);
         });
         assert!(pending.flush_chunk());
-        each_receives(&conns[CHUNK..2 * CHUNK], 4);
+        each_receives(&conns[CHUNK..2 * CHUNK], hi_len());
         nothing_arrived(&conns[..CHUNK], 1);
         nothing_arrived(&conns[2 * CHUNK..], conns.len() - 2 * CHUNK + 1);
         assert!(
             !pending.flush_chunk(),
             "the rest, the first connection again among them"
         );
-        each_receives(&conns[2 * CHUNK..last], 4);
-        each_receives(&conns[last..], 8);
-        each_receives(&conns[..1], 4);
+        each_receives(&conns[2 * CHUNK..last], hi_len());
+        each_receives(&conns[last..], 2 * hi_len());
+        each_receives(&conns[..1], hi_len());
     }
 
     /// A chunked flush comes with the input drained, so it brings the hold back to the
@@ -472,13 +474,13 @@ mod tests {
         // A hold filled before the input was drained: the next one is twice as long.
         let first = FLUSH_AFTER.div_ceil(n);
         publish_to_all(&mut pending, &conns, first);
-        each_receives(&conns, first * 4);
+        each_receives(&conns, first * hi_len());
         publish_to_all(&mut pending, &conns, 1);
         while pending.flush_chunk() {}
-        each_receives(&conns, 4);
+        each_receives(&conns, hi_len());
         // Back to the first hold: it leaves after `first` publishes, not `2 × first`.
         publish_to_all(&mut pending, &conns, first);
-        each_receives(&conns, first * 4);
+        each_receives(&conns, first * hi_len());
     }
 
     /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the
@@ -495,7 +497,7 @@ mod tests {
             let conns = connections(DIRECT_AT_MOST + 1);
             pending.collect(|| {
                 for (conn, _) in &conns {
-                    conn.send(&frame);
+                    conn.reply(&frame);
                 }
             });
             pending.flush();

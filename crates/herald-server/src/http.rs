@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use herald_core::engine::Origin;
-use herald_core::wire::{PayloadKind, ProtocolError, Publish};
+use herald_core::request::{PayloadKind, ProtocolError, Publish};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;

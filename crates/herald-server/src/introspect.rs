@@ -15,7 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use herald_core::engine::TopicView;
-use herald_core::wire::{split_binary, Frame};
+use herald_core::message::Message;
+use herald_core::request::PayloadKind;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -325,43 +326,22 @@ async fn topics(
         .into_response()
 }
 
-/// A short description of a message frame: its content type, stamp, size, and the start of its
-/// text.
-fn preview(frame: &Frame) -> Value {
-    let head = &frame.head[..];
-    let (opcode, start) = match head.get(1).map(|b| b & 0x7F) {
-        Some(126) => (head[0] & 0x0F, 4),
-        Some(127) => (head[0] & 0x0F, 10),
-        Some(_) => (head[0] & 0x0F, 2),
-        None => return Value::Null,
-    };
-    let (mut meta, text, bytes) = if opcode == 0x1 {
-        let msg = [&head[start..], &frame.body[..]].concat();
-        let Ok(Value::Object(mut msg)) = serde_json::from_slice::<Value>(&msg) else {
-            return Value::Null;
-        };
-        let data = match msg.remove("data") {
-            Some(Value::String(s)) => s,
-            _ => String::new(),
-        };
-        let len = data.len();
-        (msg, Some(data), len)
-    } else {
-        let Ok((header, at)) = split_binary(&head[start..]) else {
-            return Value::Null;
-        };
-        let meta = serde_json::from_str(header).unwrap_or_default();
-        (meta, None, head.len() - start - at + frame.body.len())
-    };
+/// A short description of a message: its content type, stamp, size, and the start of its text.
+fn preview(message: &Message) -> Value {
     let mut out = Map::new();
-    for field in ["ct", "ts"] {
-        if let Some(v) = meta.remove(field) {
-            out.insert(field.into(), v);
-        }
+    if let Some(ct) = message.content_type() {
+        out.insert("ct".into(), ct.into());
     }
-    out.insert("bytes".into(), bytes.into());
-    out.insert("binary".into(), text.is_none().into());
-    if let Some(text) = text {
+    if let Some(ts) = message.stamp_us() {
+        out.insert("ts".into(), ts.into());
+    }
+    let payload = message.payload();
+    out.insert("bytes".into(), payload.len().into());
+    let binary = message.kind() == PayloadKind::Binary;
+    out.insert("binary".into(), binary.into());
+    if !binary {
+        // Text payloads are checked UTF-8 when published.
+        let text = String::from_utf8_lossy(payload);
         let cut: String = text.chars().take(PREVIEW_CHARS).collect();
         out.insert("truncated".into(), (cut.len() < text.len()).into());
         out.insert("text".into(), cut.into());

@@ -11,7 +11,7 @@ use crate::limits::IpLimits;
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Origin, Published};
-use herald_core::wire::{ProtocolError, Publish, Request};
+use herald_core::request::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -7,7 +7,7 @@ use crate::node::Node;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald_core::wire::ProtocolError;
+use herald_core::request::ProtocolError;
 use serde_json::json;
 
 /// With auth on, admin endpoints need the admin API key (`Authorization: Bearer <key>`).

@@ -24,9 +24,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
+use herald_core::codec::{Encode, Frame};
+use herald_core::message::Message;
 use herald_core::policy::Policy;
-use herald_core::wire::client_frames::Inbound;
-use herald_core::wire::{self, Frame, PayloadKind, Publish, Request as WireRequest, Subscribe};
+use herald_core::reply::{DropReason, Reply};
+use herald_core::request::{PayloadKind, Publish, Request as WireRequest, Subscribe};
+use herald_core::wire::{self, client_frames::Inbound};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::json;
@@ -258,7 +261,37 @@ async fn access(
     })
 }
 
-/// One VBDS subscriber: an engine connection on the stream's topic whose frames are re-framed
+/// VBDS's encoding of what a subscriber is sent. Its writer sends an image in chunks, one image
+/// at a time (see [`run_subscriber`]), so this codec's frame of a message is what the writer
+/// needs rather than bytes to write: the image (`body`) and its seq (`head`, 8 bytes
+/// big-endian). VBDS has no place for replies or notices: they are empty frames, which the
+/// writer skips. Not cached in the message: it is a refcount and 8 bytes.
+struct Images;
+
+impl Encode for Images {
+    fn message(&self, message: &Message) -> Frame {
+        Frame {
+            head: Bytes::copy_from_slice(&message.seq().to_be_bytes()),
+            body: message.payload().clone(),
+        }
+    }
+
+    fn reply(&self, _: &Reply) -> Frame {
+        Frame::default()
+    }
+
+    fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
+        Frame::default()
+    }
+}
+
+/// The seq of an image [`Images`] encoded, or `None` for any other frame.
+fn image_seq(frame: &Frame) -> Option<u64> {
+    let seq = <[u8; 8]>::try_from(&frame.head[..]).ok()?;
+    Some(u64::from_be_bytes(seq))
+}
+
+/// One VBDS subscriber: an engine connection on the stream's topic whose messages are sent
 /// the VBDS way, one image at a time, the next only after the client's acknowledgement.
 async fn run_subscriber(
     node: Arc<Node>,
@@ -269,7 +302,7 @@ async fn run_subscriber(
     mut write: WriteHalf,
     budget: Option<Arc<Sockets>>,
 ) {
-    let conn = Connection::new(QueueLimits::of(&node.config), node.metrics.clone());
+    let conn = Connection::speaking(&Images, QueueLimits::of(&node.config), node.metrics.clone());
     let id = node.engine.lock().connect(conn.clone());
     let pattern = topic(&name);
     let subscribe = WireRequest::Subscribe(Subscribe {
@@ -302,7 +335,7 @@ async fn run_subscriber(
             // Conflation leaves at most one image waiting; replies and notices are not VBDS's.
             let image = batch
                 .drain(..)
-                .filter_map(|f| wire::binary_message_seq(&f).map(|s| (s, f)))
+                .filter_map(|f| image_seq(&f).map(|s| (s, f)))
                 .last();
             if let Some((seq, frame)) = image {
                 progress.send_modify(|p| p.busy_with = Some(seq));

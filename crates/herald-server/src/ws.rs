@@ -19,8 +19,10 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use herald_core::engine::ConnId;
 use herald_core::outbox::Pushed;
+use herald_core::reply::Reply;
+use herald_core::request::{self, ProtocolError};
+use herald_core::wire;
 use herald_core::wire::client_frames::{FrameError, Inbound};
-use herald_core::wire::{self, ProtocolError, Reply};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -559,14 +561,14 @@ async fn read_requests(session: Session<'_>, reader: &mut FrameReader) -> Discon
                 Err(None) => continue,
                 Err(Some(why)) => return why,
             };
-            if let wire::Request::Publish(p) = &request {
+            if let request::Request::Publish(p) = &request {
                 node.metrics.messages_in_ws.inc();
                 node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
             }
-            subscribed |= matches!(request, wire::Request::Subscribe(_));
+            subscribed |= matches!(request, request::Request::Subscribe(_));
             let releases = matches!(
                 request,
-                wire::Request::Credit { .. } | wire::Request::Unsubscribe { .. }
+                request::Request::Credit { .. } | request::Request::Unsubscribe { .. }
             );
             // A publish waits while a lossless subscriber of its topic is out of credit: only this
             // reader is held. Boxed, being rare: see `Node::handle_waiting`.
@@ -606,11 +608,11 @@ fn admitted(
     socket: Option<&SocketHandle>,
     binary: bool,
     payload: Bytes,
-) -> Result<wire::Request, Option<Disconnect>> {
+) -> Result<request::Request, Option<Disconnect>> {
     let decoded = if binary {
         wire::decode_binary(payload)
     } else {
-        match wire::utf8(&payload) {
+        match request::utf8(&payload) {
             Ok(text) => wire::decode_text_frame(text, &payload),
             Err(_) => {
                 conn.close(

@@ -5,9 +5,9 @@
 //!
 //! None of this is on the publish path.
 
-use super::{Engine, Numbering, Outbox, Stored};
+use super::{message_of, Engine, Numbering, Outbox, Stored};
+use crate::request::{Publish, Subscribe};
 use crate::topic;
-use crate::wire::{self, MessageMeta, Publish, Subscribe};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -67,7 +67,7 @@ impl<O: Outbox> Engine<O> {
                     return true;
                 }
                 let oldest = t.history.front().map_or(t.seq + 1, |m| m.seq);
-                t.epoch == pos.epoch
+                t.head.epoch() == pos.epoch
                     && (pos.seq > t.seq || (pos.seq < t.seq && oldest > pos.seq + 1))
             })
             .map(|(name, _)| name.clone())
@@ -100,7 +100,7 @@ impl<O: Outbox> Engine<O> {
         let config = &self.config;
         let at = self.publish_count;
         let state = self.topics.entry(config, topic_name, Numbering::Origin);
-        if state.epoch != epoch {
+        if state.head.epoch() != epoch {
             if state.seq != 0 || state.last.is_some() {
                 return;
             }
@@ -112,17 +112,11 @@ impl<O: Outbox> Engine<O> {
         for m in recalled {
             by_seq.entry(m.seq).or_insert_with(|| {
                 let p = &m.publish;
-                let meta = MessageMeta {
-                    head: &state.head,
-                    seq: m.seq,
-                    content_type: p.content_type.as_deref(),
-                    timestamp_us: p.stamp.then_some(m.at_us),
-                };
                 Stored {
                     seq: m.seq,
                     at_us: m.at_us,
                     at,
-                    frame: wire::encode_message(&meta, p.kind, &p.payload),
+                    message: message_of(&state.head, m.seq, p, p.stamp.then_some(m.at_us)),
                 }
             });
         }
@@ -152,7 +146,7 @@ impl<O: Outbox> Engine<O> {
         self.topics
             .iter()
             .filter(|t| !t.foreign && t.seq > 0)
-            .map(|t| (t.name.to_string(), t.epoch.clone(), t.seq))
+            .map(|t| (t.name.to_string(), t.head.epoch().to_owned(), t.seq))
             .collect()
     }
 
@@ -164,7 +158,7 @@ impl<O: Outbox> Engine<O> {
         let Some(state) = self.topics.get_mut(topic_name) else {
             return 0;
         };
-        if state.epoch != epoch || seq <= state.seq {
+        if state.head.epoch() != epoch || seq <= state.seq {
             return 0;
         }
         let missed = seq - state.seq;

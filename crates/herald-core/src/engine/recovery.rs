@@ -15,14 +15,16 @@
 
 use super::topics::Stored;
 use super::{age, Engine, Outbox};
+use crate::message::Message;
+use crate::reply::{Gap, GapReason};
+use crate::request::Subscribe;
 use crate::topic;
-use crate::wire::{Frame, Gap, GapReason, Subscribe};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What a recovery sends (in order) and what it cannot.
 pub(super) struct Recovery {
-    pub frames: Vec<Frame>,
+    pub messages: Vec<Message>,
     pub gaps: Vec<Gap>,
 }
 
@@ -33,7 +35,7 @@ struct Item {
     /// Index into the recovery's topic names.
     topic: usize,
     seq: u64,
-    frame: Frame,
+    message: Message,
 }
 
 /// Collects the messages and gaps of one recovery, topic by topic.
@@ -56,7 +58,7 @@ impl Plan {
             at: m.at,
             topic: t,
             seq: m.seq,
-            frame: m.frame.clone(),
+            message: m.message.clone(),
         }));
     }
 
@@ -67,11 +69,11 @@ impl Plan {
         });
     }
 
-    /// Leaves out the oldest messages until the rest fit in `room()` bytes (asked only when
+    /// Leaves out the oldest messages until the rest fit in `room()` bytes ([`Message::size`]; asked only when
     /// there is something to send), each topic's left-out run reported as a `recovery_limit`
     /// gap.
     pub(super) fn fit(mut self, room: impl FnOnce() -> usize) -> Recovery {
-        let total: usize = self.items.iter().map(|i| i.frame.len()).sum();
+        let total: usize = self.items.iter().map(|i| i.message.size()).sum();
         let room = if total == 0 { 0 } else { room() };
         if total > room {
             let mut by_age: Vec<usize> = (0..self.items.len()).collect();
@@ -83,7 +85,7 @@ impl Plan {
                     break;
                 }
                 out[i] = true;
-                left -= self.items[i].frame.len();
+                left -= self.items[i].message.size();
             }
             let mut runs: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
             for (item, _) in self.items.iter().zip(&out).filter(|(_, out)| **out) {
@@ -100,7 +102,7 @@ impl Plan {
                 .retain(|_| !out.next().expect("one flag per item"));
         }
         Recovery {
-            frames: self.items.into_iter().map(|i| i.frame).collect(),
+            messages: self.items.into_iter().map(|i| i.message).collect(),
             gaps: self.gaps,
         }
     }
@@ -141,11 +143,11 @@ impl<O: Outbox> Engine<O> {
             };
             age(&self.config, &mut self.usage, state, now_us);
             let t = plan.topic(&state.name);
-            if state.epoch != pos.epoch {
+            if state.head.epoch() != pos.epoch {
                 plan.gap(
                     name,
                     GapReason::EpochChanged {
-                        epoch: state.epoch.clone(),
+                        epoch: state.head.epoch().to_owned(),
                     },
                 );
                 plan.replay(t, state.history.iter());
@@ -194,20 +196,20 @@ impl<O: Outbox> Engine<O> {
                             GapReason::HistoryTrimmed { from: 1, to }
                         } else {
                             GapReason::EpochChanged {
-                                epoch: state.epoch.clone(),
+                                epoch: state.head.epoch().to_owned(),
                             }
                         };
                         plan.gap(&name, reason);
                     }
                     plan.replay(t, state.history.iter().filter(|m| m.at > cursor));
                 } else if s.snapshot {
-                    if let Some(frame) = state.last_frame() {
+                    if let Some(message) = state.last_message() {
                         let t = plan.topic(&name);
                         plan.items.push(Item {
                             at: state.last_at,
                             topic: t,
                             seq: state.seq,
-                            frame,
+                            message,
                         });
                     }
                 }

@@ -1,18 +1,34 @@
 use super::*;
+use crate::codec::{Encode, Frame};
 use crate::test_support::frame_json;
-use crate::wire::{decode_text, PayloadKind};
+use crate::wire::{decode_text, Native};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::rc::Rc;
 
-/// Collects what the engine sends to one connection.
+/// Collects what the engine sends to one connection, encoded as herald's protocol encodes it.
 #[derive(Clone, Default)]
 struct Inbox(Rc<RefCell<Vec<Frame>>>);
 
+impl Inbox {
+    fn send(&self, frame: Frame) {
+        self.0.borrow_mut().push(frame);
+    }
+}
+
 impl Outbox for Inbox {
-    fn send(&self, frame: &Frame) {
-        self.0.borrow_mut().push(frame.clone());
+    fn reply(&self, reply: &Reply) {
+        self.send(Native.reply(reply));
+    }
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) {
+        self.send(Native.dropped(topic, count, reason));
+    }
+    fn deliver(&self, message: &Message, _: &Delivery) {
+        self.send(Native.message(message));
+    }
+    fn recovered(&self, message: &Message) {
+        self.send(Native.message(message));
     }
 }
 
@@ -481,7 +497,7 @@ fn binary_payloads_are_delivered_unchanged_and_oversize_is_refused() {
 fn epochs_differ_between_seeds_and_topics() {
     let mut e1 = Engine::<Inbox>::new(EngineConfig::default(), 1);
     let mut e2 = Engine::<Inbox>::new(EngineConfig::default(), 2);
-    let epoch = |e: &mut Engine<Inbox>, t: &str| e.topic_state(t).epoch.clone();
+    let epoch = |e: &mut Engine<Inbox>, t: &str| e.topic_state(t).head.epoch().to_owned();
     let (a, b) = (epoch(&mut e1, "t"), epoch(&mut e2, "t"));
     assert_ne!(a, b);
     assert_ne!(epoch(&mut e1, "u"), a);
@@ -509,7 +525,10 @@ fn topics_view_counts_each_subscribing_connection_once() {
         .topics_page("", None, usize::MAX)
         .find(|t| t.name == "q/fx/x")
         .unwrap();
-    assert_eq!(frame_json(&view.last().unwrap())["data"], "2");
+    assert_eq!(
+        frame_json(&Native.message(&view.last().unwrap()))["data"],
+        "2"
+    );
     e.disconnect(b);
     let view = e
         .topics_page("", None, usize::MAX)
@@ -803,11 +822,7 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
     }
     for p in &publishes {
         let state = idle.topic_state(&p.topic);
-        assert!(
-            matches!(state.last, Some(Last::Unencoded(_))),
-            "{}",
-            p.topic
-        );
+        assert!(matches!(state.last, Some(Last::Unmade(_))), "{}", p.topic);
     }
     let (late, snapshot) = client(&mut idle);
     req(
@@ -830,7 +845,10 @@ fn a_last_value_kept_unencoded_is_sent_as_it_would_have_been() {
         .topics_page("", None, usize::MAX)
         .find(|t| t.name == "t/typed")
         .unwrap();
-    assert_eq!(frame_json(&view.last().unwrap())["ct"], "text/csv");
+    assert_eq!(
+        frame_json(&Native.message(&view.last().unwrap()))["ct"],
+        "text/csv"
+    );
 }
 
 /// A text payload is a slice of the read that brought it (its frame's bytes): a last value kept
@@ -853,7 +871,7 @@ fn a_last_value_kept_unencoded_holds_no_part_of_the_read() {
             ..text(topic, "")
         };
         e.publish(&p, 1).unwrap();
-        let Some(Last::Unencoded(kept)) = &e.topic_state(topic).last else {
+        let Some(Last::Unmade(kept)) = &e.topic_state(topic).last else {
             panic!("kept unencoded");
         };
         let small = matches!(kept.payload, topics::KeptPayload::Inline { .. });
@@ -998,8 +1016,17 @@ struct Limited {
 }
 
 impl Outbox for Limited {
-    fn send(&self, frame: &Frame) {
-        self.inbox.send(frame)
+    fn reply(&self, reply: &Reply) {
+        self.inbox.reply(reply)
+    }
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) {
+        self.inbox.dropped(topic, count, reason)
+    }
+    fn deliver(&self, message: &Message, delivery: &Delivery) {
+        self.inbox.deliver(message, delivery)
+    }
+    fn recovered(&self, message: &Message) {
+        self.inbox.recovered(message)
     }
     fn recovery_room(&self) -> usize {
         self.room
@@ -1027,7 +1054,7 @@ fn a_recovery_larger_than_its_room_sends_the_newest_and_says_what_it_left_out() 
         .unwrap()
         .last()
         .unwrap()
-        .len();
+        .size();
     let inbox = Inbox::default();
     let a = e.connect(Limited {
         inbox: inbox.clone(),
@@ -1305,4 +1332,111 @@ fn an_origin_is_charged_for_the_topics_it_creates() {
         Err("retained_limit")
     );
     assert_eq!(e.usage(1).topics, 1);
+}
+
+/// Encodes messages in its own slot (as herald does), counting the times it really encodes.
+#[derive(Default)]
+struct Counting {
+    encoded: std::cell::Cell<usize>,
+}
+
+impl Encode for Counting {
+    fn message(&self, m: &Message) -> Frame {
+        m.encoded(1, |m| {
+            self.encoded.set(self.encoded.get() + 1);
+            Native.message(m)
+        })
+    }
+    fn reply(&self, reply: &Reply) -> Frame {
+        Native.reply(reply)
+    }
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) -> Frame {
+        Native.dropped(topic, count, reason)
+    }
+}
+
+/// A connection whose messages go through a queue drained with a shared [`Counting`] codec,
+/// as a server connection's writer drains it.
+#[derive(Clone)]
+struct Queued {
+    queue: Rc<RefCell<crate::outbox::OutboundQueue>>,
+    codec: Rc<Counting>,
+}
+
+impl Queued {
+    fn drain(&self) -> Vec<Frame> {
+        let mut out = Vec::new();
+        self.queue
+            .borrow_mut()
+            .drain_into(&mut out, &*self.codec, 0);
+        out
+    }
+}
+
+impl Outbox for Queued {
+    fn reply(&self, reply: &Reply) {
+        self.queue.borrow_mut().push(self.codec.reply(reply));
+    }
+    fn dropped(&self, topic: &str, count: u64, reason: DropReason) {
+        let notice = self.codec.dropped(topic, count, reason);
+        self.queue.borrow_mut().push(notice);
+    }
+    fn deliver(&self, message: &Message, delivery: &Delivery) {
+        self.queue.borrow_mut().deliver(message, delivery);
+    }
+    fn recovered(&self, message: &Message) {
+        self.queue.borrow_mut().push_recovered(message.clone());
+    }
+}
+
+/// A message delivered live to many connections, then replayed from history and sent as a
+/// snapshot to others, is encoded once for the protocol they speak, and every one of them is
+/// sent the same bytes; a message that never leaves a queue is never encoded.
+#[test]
+fn a_message_is_encoded_once_however_it_reaches_its_subscribers() {
+    let codec = Rc::new(Counting::default());
+    let mut e: Engine<Queued> = Engine::new(EngineConfig::default(), 1);
+    let connect = |e: &mut Engine<Queued>, sub: &str| {
+        let q = Queued {
+            queue: Rc::new(RefCell::new(crate::outbox::OutboundQueue::new(1 << 20))),
+            codec: codec.clone(),
+        };
+        let id = e.connect(q.clone());
+        e.handle(id, decode_text(sub).unwrap(), 0).unwrap();
+        q
+    };
+    let live: Vec<_> = (0..20)
+        .map(|_| connect(&mut e, r#"{"op":"sub","topic":"t/>"}"#))
+        .collect();
+    live.iter()
+        .for_each(|q| assert_eq!(q.drain().len(), 1, "the reply"));
+    let cursor = e.cursor();
+    e.publish(&text("t/a", "hello"), 0).unwrap();
+    e.publish(&text("t/unsent", "never drained"), 0).unwrap();
+    let replayed = connect(
+        &mut e,
+        &format!(r#"{{"op":"sub","topic":"t/a","cursor":"{cursor}"}}"#),
+    );
+    let snapshot = connect(&mut e, r#"{"op":"sub","topic":"t/a","snapshot":true}"#);
+    // The first ten drain both messages, `t/a` first; the recovering two their reply and `t/a`.
+    let mut heads = Vec::new();
+    for q in &live[..10] {
+        heads.push(q.drain()[0].head.as_ptr());
+    }
+    for q in [&replayed, &snapshot] {
+        let frames = q.drain();
+        assert_eq!(frames.len(), 2);
+        heads.push(frames[1].head.as_ptr());
+    }
+    // What the other ten hold of `t/unsent` and `t/a` was never drained.
+    assert_eq!(codec.encoded.get(), 2, "each drained message encoded once");
+    let first = live[0].codec.message(
+        &e.topics_page("t/a", None, 1)
+            .next()
+            .unwrap()
+            .last()
+            .unwrap(),
+    );
+    assert_eq!(codec.encoded.get(), 2);
+    assert!(heads.iter().all(|h| *h == first.head.as_ptr()));
 }

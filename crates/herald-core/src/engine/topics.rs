@@ -6,10 +6,12 @@
 //! `HashMap` needs a second lookup to create on a miss without cloning the name on every hit.
 
 use super::{EngineConfig, HistoryRule};
+use crate::message::{Message, TopicHead};
 use crate::mix::splitmix64;
 use crate::prefetch::prefetch;
+use crate::request::{PayloadKind, Publish};
 use crate::topic;
-use crate::wire::{self, client_frames, Frame, MessageHead, MessageMeta, PayloadKind, Publish};
+use crate::wire::client_frames;
 use bytes::Bytes;
 use compact_str::CompactString;
 use std::collections::{BTreeSet, VecDeque};
@@ -23,35 +25,35 @@ pub(super) struct Stored {
     /// The engine's publish count when it was recorded: its place against a subscription's
     /// cursor.
     pub at: u64,
-    pub frame: Frame,
+    pub message: Message,
 }
 
-/// A topic's last message: its frame, or, while nobody receives the topic and it keeps no
-/// history, the message as it was published: encoding a frame nobody may ever ask for would be
-/// most of what the engine spends on such a discard (callgrind). It is encoded if a snapshot
-/// or the introspection asks.
+/// A topic's last message, or, while nobody receives the topic and it keeps no history, the
+/// message as it was published, in the topic's state: making a message nobody may ever ask for
+/// (its allocation, its payload's copy) would be most of what the engine spends on such a
+/// discard (callgrind). It is made if a snapshot or the introspection asks.
 pub(super) enum Last {
-    Frame(Frame),
-    Unencoded(Unencoded),
+    Message(Message),
+    Unmade(Unmade),
 }
 
-/// What encoding a message needs besides its topic's head (name and epoch).
-pub(super) struct Unencoded {
+/// What making a message needs besides its topic's head (name and epoch).
+pub(super) struct Unmade {
     pub seq: u64,
-    pub timestamp_us: Option<u64>,
+    pub stamp_us: Option<u64>,
     pub kind: PayloadKind,
-    pub content_type: Option<String>,
+    pub content_type: Option<Box<str>>,
     pub payload: KeptPayload,
 }
 
-impl Unencoded {
+impl Unmade {
     /// `p`, numbered `seq` and received at `now_us`, as the last value keeps it.
     pub fn of(p: &Publish, seq: u64, now_us: u64) -> Self {
-        Unencoded {
+        Unmade {
             seq,
-            timestamp_us: p.stamp.then_some(now_us),
+            stamp_us: p.stamp.then_some(now_us),
             kind: p.kind,
-            content_type: p.content_type.clone(),
+            content_type: p.content_type.as_deref().map(Box::from),
             payload: KeptPayload::of(&p.payload),
         }
     }
@@ -116,9 +118,8 @@ pub(super) struct TopicState {
     /// The bytes the owner is charged for the topic now (see [`TopicState::retained`]).
     pub charged: u32,
     pub seq: u64,
-    pub epoch: String,
-    /// The JSON its messages start with under this epoch.
-    pub head: MessageHead,
+    /// Its name and epoch, shared by the messages of this numbering.
+    pub head: Arc<TopicHead>,
     /// Index into `EngineConfig::history`, or `None` for last-value only (32 bits: the state
     /// stays in its size class).
     rule: Option<u32>,
@@ -157,8 +158,8 @@ impl TopicState {
             return self.history_bytes;
         }
         match &self.last {
-            Some(Last::Frame(frame)) => frame.len(),
-            Some(Last::Unencoded(m)) => m.payload.len(),
+            Some(Last::Message(m)) => m.size(),
+            Some(Last::Unmade(m)) => m.payload.len(),
             None => 0,
         }
     }
@@ -171,10 +172,9 @@ impl TopicState {
     /// Starts over under `epoch`: what is held belongs to another numbering.
     pub fn restart(&mut self, epoch: String, seq: u64, foreign: bool) {
         // The last message keeps the numbering it was published under.
-        self.last = self.last_frame().map(Last::Frame);
+        self.last = self.last_message().map(Last::Message);
         self.dropped_at = self.last_at;
-        self.head = MessageHead::new(&self.name, &epoch);
-        self.epoch = epoch;
+        self.head = TopicHead::new(self.name.clone(), epoch);
         self.seq = seq;
         self.foreign = foreign;
         self.history.clear();
@@ -187,19 +187,20 @@ impl TopicState {
         self.oldest_bytes = self
             .history
             .front()
-            .map_or(0, |s| s.frame.head.as_ptr().addr());
+            .map_or(0, |s| s.message.payload().as_ptr().addr());
     }
 
     /// Starts loading what recording the next message will touch and what was last touched
     /// `max_messages` publishes of this topic ago, so out of the cache: the oldest entry (read
-    /// to evict it), the one after it (the next oldest, whose bytes are noted) and the first
-    /// line of the oldest frame's bytes, which freeing them writes to. (The frame's reference
-    /// count, in a block of `Bytes`' own, cannot be reached from here.) Each is a cache miss
-    /// otherwise, one waiting for the other; issued when the topic is found, they overlap with
-    /// encoding.
+    /// to evict it), the one after it (the next oldest, whose bytes are noted), the oldest
+    /// message (whose count releasing it writes to) and the first line of its payload, which
+    /// freeing it writes to. (The payload's reference count, in a block of `Bytes`' own, cannot
+    /// be reached from here.) Each is a cache miss otherwise, one waiting for the other; issued
+    /// when the topic is found, they overlap with the rest of the publish.
     pub fn prefetch_oldest(&self) {
         if let Some(oldest) = self.history.front() {
             prefetch(oldest, size_of::<Stored>());
+            oldest.message.prefetch();
             prefetch(self.oldest_bytes as *const u8, 1);
         }
         if let Some(next) = self.history.get(1) {
@@ -207,19 +208,18 @@ impl TopicState {
         }
     }
 
-    /// The last message's frame, encoded now if it was kept unencoded.
-    pub fn last_frame(&self) -> Option<Frame> {
+    /// The last message, made now if it was kept as published.
+    pub fn last_message(&self) -> Option<Message> {
         match self.last.as_ref()? {
-            Last::Frame(frame) => Some(frame.clone()),
-            Last::Unencoded(m) => {
-                let meta = MessageMeta {
-                    head: &self.head,
-                    seq: m.seq,
-                    content_type: m.content_type.as_deref(),
-                    timestamp_us: m.timestamp_us,
-                };
-                Some(wire::encode_message(&meta, m.kind, &m.payload.to_bytes()))
-            }
+            Last::Message(m) => Some(m.clone()),
+            Last::Unmade(m) => Some(Message::new(
+                self.head.clone(),
+                m.seq,
+                m.kind,
+                m.payload.to_bytes(),
+                m.content_type.clone(),
+                m.stamp_us,
+            )),
         }
     }
 
@@ -230,14 +230,14 @@ impl TopicState {
                 break;
             }
             self.dropped_at = self.dropped_at.max(oldest.at);
-            self.history_bytes -= oldest.frame.len();
+            self.history_bytes -= oldest.message.size();
             self.history.pop_front();
         }
         self.note_oldest();
     }
 
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
-        self.last = Some(Last::Frame(stored.frame.clone()));
+        self.last = Some(Last::Message(stored.message.clone()));
         self.last_at = self.last_at.max(stored.at);
         self.last_us = self.last_us.max(stored.at_us);
         let Some(rule) = rule.filter(|r| r.keeps_messages()) else {
@@ -247,14 +247,14 @@ impl TopicState {
         // The oldest go before the newest is added: it then takes the slot just freed, which
         // is in the cache, where adding first would write a slot untouched since it was last
         // used (`max_messages` publishes ago on this topic).
-        let len = stored.frame.len();
+        let len = stored.message.size();
         while let Some(oldest) = self.history.front() {
             if self.history.len() < rule.max_messages && self.history_bytes + len <= rule.max_bytes
             {
                 break;
             }
             self.dropped_at = self.dropped_at.max(oldest.at);
-            self.history_bytes -= oldest.frame.len();
+            self.history_bytes -= oldest.message.size();
             self.history.pop_front();
         }
         self.history_bytes += len;
@@ -331,16 +331,15 @@ impl Topics {
         let (hash, named) = probe(hasher, name);
         let entry = map.entry(hash, named, |s| hasher.hash_one(s.key.as_str()));
         let state = entry.or_insert_with(|| {
-            let epoch = next_epoch();
+            let shared: Arc<str> = name.into();
             let state = TopicState {
                 key: name.into(),
-                name: name.into(),
+                head: TopicHead::new(shared.clone(), next_epoch()),
+                name: shared,
                 policy_rule: policy_rule(config, name).map(|i| i as u32),
                 owner: 0,
                 charged: 0,
                 seq: 0,
-                head: MessageHead::new(name, &epoch),
-                epoch,
                 rule: config
                     .history
                     .iter()
@@ -523,18 +522,25 @@ pub(super) fn policy_rule(config: &EngineConfig, name: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire;
+    use crate::message::MESSAGE_OVERHEAD;
     use bytes::Bytes;
 
     fn record(state: &mut TopicState, rule: &HistoryRule, seq: u64, payload_len: usize) {
-        let frame = wire::encode_binary(Bytes::from(vec![0; payload_len]));
+        let message = Message::new(
+            state.head.clone(),
+            seq,
+            PayloadKind::Binary,
+            Bytes::from(vec![0; payload_len]),
+            None,
+            None,
+        );
         state.record(
             Some(rule),
             Stored {
                 seq,
                 at_us: seq,
                 at: seq,
-                frame,
+                message,
             },
         );
     }
@@ -545,35 +551,40 @@ mod tests {
 
     #[test]
     fn history_keeps_the_newest_that_fit_and_always_the_last() {
+        let mut topics = Topics::new(1);
+        let s = topics.entry(&EngineConfig::default(), "t", Numbering::Local);
+        // What a message counts besides its payload: topic, epoch, overhead.
+        let o = 1 + s.head.epoch().len() + MESSAGE_OVERHEAD;
         let rule = HistoryRule {
             pattern: ">".into(),
             max_messages: 3,
-            max_bytes: 100,
+            max_bytes: 10 + 2 * 40 + 3 * o,
             max_age_secs: 300,
         };
-        let mut topics = Topics::new(1);
-        let s = topics.entry(&EngineConfig::default(), "t", Numbering::Local);
-        // Frames of 12 bytes (a 2-byte header and 10 of payload): the count binds.
+        // Messages of 10 bytes of payload: the count binds.
         for seq in 1..=5 {
             record(s, &rule, seq, 10);
         }
         assert_eq!(held(s), [3, 4, 5]);
-        assert_eq!(s.history_bytes, 36);
-        // 42-byte frames: two fit in 100 bytes, so the oldest go until the new one fits.
+        assert_eq!(s.history_bytes, 3 * (10 + o));
+        // Of 40 bytes, two fit beside each other, three do not: the oldest go until the new one fits.
         record(s, &rule, 6, 40);
         record(s, &rule, 7, 40);
         assert_eq!(held(s), [5, 6, 7]);
         record(s, &rule, 8, 40);
         assert_eq!(held(s), [7, 8]);
-        assert_eq!(s.history_bytes, 84);
-        // A frame larger than the whole budget stays alone: the last message is always kept.
-        record(s, &rule, 9, 200);
+        assert_eq!(s.history_bytes, 2 * (40 + o));
+        // A message larger than the whole budget stays alone: the last message is always kept.
+        record(s, &rule, 9, 400);
         assert_eq!(held(s), [9]);
-        assert_eq!(s.history_bytes, 204);
+        assert_eq!(s.history_bytes, 400 + o);
         record(s, &rule, 10, 10);
         assert_eq!(held(s), [10]);
-        assert_eq!(s.oldest_bytes, s.history[0].frame.head.as_ptr().addr());
-        assert_eq!(s.last_frame().map(|f| f.len()), Some(12));
+        assert_eq!(
+            s.oldest_bytes,
+            s.history[0].message.payload().as_ptr().addr()
+        );
+        assert_eq!(s.last_message().map(|m| m.seq()), Some(10));
     }
 
     /// The table is keyed by the name each state holds: every topic is found by its own name

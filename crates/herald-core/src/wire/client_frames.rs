@@ -307,7 +307,7 @@ pub fn encode_client_frame(
     out: &mut Vec<u8>,
 ) {
     let first = if fin { 0x80 } else { 0 } | opcode;
-    super::put_frame_head(out, first, 0x80, payload.len());
+    super::frames::put_frame_head(out, first, 0x80, payload.len());
     out.extend_from_slice(&mask);
     let start = out.len();
     out.extend_from_slice(payload);

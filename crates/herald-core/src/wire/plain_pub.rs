@@ -8,9 +8,9 @@
 //! `true` or `false`. Anything else (another op, an escape, an unknown field, a float id, a
 //! duplicate, bad JSON) is declined with `None` and decoded by serde, which stays the
 //! definition of the protocol: whatever this accepts must decode to the very same request
-//! there (checked by a property test in `wire::tests` and by the `wire` fuzz target).
+//! there (checked by a property test in `wire::decode`'s tests and by the `wire` fuzz target).
 
-use super::RequestId;
+use crate::request::RequestId;
 
 /// The fields of a plain `pub`, borrowed from the request's text.
 pub(super) struct PlainPub<'a> {
@@ -77,7 +77,7 @@ const OP_AND_TOPIC: &[u8] = br#"{"op":"pub","topic":""#;
 pub(super) fn in_bench_order(text: &str) -> Option<PlainPub<'_>> {
     let bytes = text.as_bytes();
     let rest = bytes.strip_prefix(OP_AND_TOPIC)?;
-    let topic_len = super::unescaped_len(rest);
+    let topic_len = super::json::unescaped_len(rest);
     let after_topic = rest[topic_len..].strip_prefix(b"\"")?;
     let (stamp, data) = match after_topic.strip_prefix(br#","data":""#) {
         Some(data) => (false, data),
@@ -86,7 +86,7 @@ pub(super) fn in_bench_order(text: &str) -> Option<PlainPub<'_>> {
             after_topic.strip_prefix(br#","stamp":true,"data":""#)?,
         ),
     };
-    let data_len = super::unescaped_len(data);
+    let data_len = super::json::unescaped_len(data);
     if &data[data_len..] != br#""}"# {
         return None;
     }
@@ -143,7 +143,7 @@ impl<'a> Scanner<'a> {
     fn string(&mut self) -> Option<&'a str> {
         self.expect(b'"')?;
         let start = self.at;
-        let len = super::unescaped_len(&self.bytes()[start..]);
+        let len = super::json::unescaped_len(&self.bytes()[start..]);
         self.at = start + len;
         self.expect(b'"')?;
         Some(&self.text[start..start + len])

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use async_nats::HeaderMap;
 use bytes::{Bytes, BytesMut};
 use herald_core::engine::Recalled;
-use herald_core::wire::{PayloadKind, Publish};
+use herald_core::request::{PayloadKind, Publish};
 use ring::hmac;
 use std::collections::HashMap;
 use std::path::Path;

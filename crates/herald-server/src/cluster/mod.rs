@@ -25,7 +25,7 @@ pub mod subscribe;
 
 use futures_util::future::BoxFuture;
 use herald_core::engine::{Interest, Recalled, Unanswered};
-use herald_core::wire::Publish;
+use herald_core::request::Publish;
 use std::sync::Weak;
 
 /// The envelope of what nodes carry on NATS (see `carried.rs`), for the fuzz target and tests.

@@ -9,8 +9,8 @@
 use super::Broker;
 use crate::clock::now_us;
 use herald_core::engine::{ConnId, Engine, Outbox, Published, Unanswered};
+use herald_core::request::{Request, Subscribe};
 use herald_core::topic;
-use herald_core::wire::{Request, Subscribe};
 use parking_lot::Mutex;
 
 /// Carries out subscription `s` of connection `conn` on `engine`, with `broker` following its

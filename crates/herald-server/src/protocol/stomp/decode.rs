@@ -14,7 +14,7 @@
 
 use super::escape::{self, UndefinedEscape};
 use super::frame::{Command, Frame, CLIENT_COMMANDS};
-use super::Version;
+use super::version::Version;
 use bytes::{Buf, Bytes, BytesMut};
 
 /// What the caller allows one frame to take.

@@ -3,7 +3,7 @@
 //! none. CONNECT, STOMP and CONNECTED frames are never escaped, so that a client and a server
 //! can read them before they agree on a version. Any other `\` sequence is a fatal error.
 
-use super::Version;
+use super::version::Version;
 use bytes::BufMut;
 
 /// A `\` sequence the frame's version does not define.

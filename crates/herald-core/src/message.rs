@@ -1,0 +1,211 @@
+//! A message as herald holds it, whatever protocol published it or will deliver it: its topic
+//! and numbering, its payload, and beside it the bytes each protocol made of it.
+//!
+//! A [`Message`] is one `Arc`: history, the last value, recoveries and every subscriber's queue
+//! share it, and handing it on costs a reference count. Protocols encode it when it leaves a
+//! queue, not when it is published: a message that is conflated or dropped before it goes out
+//! is never encoded, and one that goes out is encoded once per protocol that sends it, the
+//! bytes cached in the message (one lock-free slot per protocol, [`Message::encoded`]), so every
+//! subscriber of that protocol is handed the same bytes.
+//!
+//! The core names no protocol: a slot is a number below [`ENCODING_SLOTS`] that a codec owns.
+//! A codec whose bytes differ per subscriber (a subscription id in every message) takes no slot
+//! and encodes for each.
+
+use crate::codec::Frame;
+use crate::request::PayloadKind;
+use bytes::Bytes;
+use std::sync::{Arc, OnceLock};
+
+/// Protocols that may cache a message's encoding (herald's own, and one more). Each slot costs
+/// every message 72 bytes: raise it only for a protocol that caches.
+pub const ENCODING_SLOTS: usize = 2;
+
+/// What a message's size counts besides its payload, topic, epoch and content type: about what
+/// a protocol's framing and fixed fields take (herald's JSON header with its sequence number
+/// is 50–60 bytes). See [`Message::size`].
+pub const MESSAGE_OVERHEAD: usize = 64;
+
+/// What every message of a topic shares under one numbering (a topic's epoch): its name and
+/// epoch, and, per codec slot, bytes the codec builds from them once (herald's JSON writes its
+/// escaped topic and epoch there, rather than escaping them again for every message).
+#[derive(Debug)]
+pub struct TopicHead {
+    name: Arc<str>,
+    epoch: Box<str>,
+    prefixes: [OnceLock<Prefix>; ENCODING_SLOTS],
+}
+
+/// A codec's bytes for a topic's numbering, and one place in them (herald's JSON: where the
+/// sequence number goes).
+#[derive(Debug)]
+pub struct Prefix {
+    pub bytes: Box<[u8]>,
+    pub at: usize,
+}
+
+impl TopicHead {
+    pub fn new(name: Arc<str>, epoch: String) -> Arc<Self> {
+        Arc::new(TopicHead {
+            name,
+            epoch: epoch.into_boxed_str(),
+            prefixes: Default::default(),
+        })
+    }
+
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+
+    /// The prefix of codec slot `slot`, built by `build` the first time it is asked for.
+    pub fn prefix(&self, slot: usize, build: impl FnOnce(&TopicHead) -> Prefix) -> &Prefix {
+        self.prefixes[slot].get_or_init(|| build(self))
+    }
+}
+
+/// A numbered message, shared (see the module's documentation).
+///
+/// Memory: one allocation of 248 bytes (mimalloc's 256-byte class) holding its numbering's
+/// [`TopicHead`] (shared), seq, receive stamp, payload handle, content type and the
+/// [`ENCODING_SLOTS`] cached encodings (72 bytes each, empty until a protocol sends it); plus
+/// the payload's own bytes, and each cached encoding's bytes once made.
+#[derive(Clone, Debug)]
+pub struct Message(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    head: Arc<TopicHead>,
+    seq: u64,
+    stamp_us: Option<u64>,
+    payload: Bytes,
+    content_type: Option<Box<str>>,
+    kind: PayloadKind,
+    encoded: [OnceLock<Frame>; ENCODING_SLOTS],
+}
+
+// What each message held costs; grows only on purpose (see [`Message`]).
+const _: () = assert!(std::mem::size_of::<Inner>() + 16 <= 256);
+
+impl Message {
+    /// Message `seq` of `head`'s numbering. `payload` is kept as it is: the caller makes sure
+    /// it is not a slice of a larger buffer that keeping it would keep alive.
+    pub fn new(
+        head: Arc<TopicHead>,
+        seq: u64,
+        kind: PayloadKind,
+        payload: Bytes,
+        content_type: Option<Box<str>>,
+        stamp_us: Option<u64>,
+    ) -> Self {
+        Message(Arc::new(Inner {
+            head,
+            seq,
+            stamp_us,
+            payload,
+            content_type,
+            kind,
+            encoded: Default::default(),
+        }))
+    }
+
+    /// Its topic's numbering.
+    pub fn head(&self) -> &TopicHead {
+        &self.0.head
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.0.head.name
+    }
+
+    pub fn epoch(&self) -> &str {
+        &self.0.head.epoch
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.0.seq
+    }
+
+    pub fn kind(&self) -> PayloadKind {
+        self.0.kind
+    }
+
+    pub fn payload(&self) -> &Bytes {
+        &self.0.payload
+    }
+
+    pub fn content_type(&self) -> Option<&str> {
+        self.0.content_type.as_deref()
+    }
+
+    /// herald's receive time (µs since the UNIX epoch), when the publisher asked for it.
+    pub fn stamp_us(&self) -> Option<u64> {
+        self.0.stamp_us
+    }
+
+    /// The message as codec slot `slot` encodes it: `encode` runs the first time, and every
+    /// later call (on any thread) shares its bytes.
+    pub fn encoded(&self, slot: usize, encode: impl FnOnce(&Message) -> Frame) -> Frame {
+        self.0.encoded[slot].get_or_init(|| encode(self)).clone()
+    }
+
+    /// What holding this message for a connection counts against its bounds (queue, recovery)
+    /// and what history counts it as: payload, topic, epoch and content type plus
+    /// [`MESSAGE_OVERHEAD`]. Known before any protocol encodes it, the same for every
+    /// protocol, and close to herald's own encoding's length.
+    pub fn size(&self) -> usize {
+        let m = &self.0;
+        m.payload.len()
+            + m.head.name.len()
+            + m.head.epoch.len()
+            + m.content_type.as_deref().map_or(0, str::len)
+            + MESSAGE_OVERHEAD
+    }
+
+    /// Starts loading the message's own block (see [`crate::prefetch`]).
+    pub fn prefetch(&self) {
+        crate::prefetch::prefetch(Arc::as_ptr(&self.0), size_of::<Inner>());
+    }
+
+    /// Whether `self` and `other` are the same message (not merely equal).
+    pub fn same(&self, other: &Message) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_slot_is_encoded_once_and_shared() {
+        let head = TopicHead::new("a/b".into(), "e1".into());
+        let m = Message::new(
+            head,
+            7,
+            PayloadKind::Binary,
+            Bytes::from_static(b"xyz"),
+            None,
+            None,
+        );
+        let calls = Cell::new(0);
+        let encode = |m: &Message| {
+            calls.set(calls.get() + 1);
+            Frame {
+                head: Bytes::from(m.seq().to_be_bytes().to_vec()),
+                body: m.payload().clone(),
+            }
+        };
+        let copy = m.clone();
+        let (a, b) = (m.encoded(0, encode), copy.encoded(0, encode));
+        assert_eq!(calls.get(), 1);
+        assert_eq!(a.head.as_ptr(), b.head.as_ptr());
+        m.encoded(1, encode);
+        assert_eq!(calls.get(), 2, "another slot encodes for itself");
+        assert_eq!(m.size(), 3 + 3 + 2 + MESSAGE_OVERHEAD);
+    }
+}
