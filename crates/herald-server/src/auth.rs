@@ -389,6 +389,11 @@ impl Access {
         self.deadline.as_ref().map(watch::Sender::subscribe)
     }
 
+    /// Whether the connection has presented a valid token (always true with auth off).
+    pub fn is_authenticated(&self) -> bool {
+        self.auth.is_none() || self.session.is_some()
+    }
+
     /// The subject (`sub`) of the token presented, if any.
     pub fn subject(&self) -> Option<&str> {
         self.session.as_ref()?.subject.as_deref()

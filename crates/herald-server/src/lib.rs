@@ -4,6 +4,8 @@
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
 //! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
 //! - [`refusal`]: how an HTTP route refuses a request; the admin check.
+//! - [`session`]: what every connection needs whatever its protocol, and the [`session::Protocol`]
+//!   trait a protocol implements.
 //! - [`jwks`]: fetching a JWKS document for [`auth`].
 //! - [`limits`]: per-IP and per-connection limits against abusive clients.
 //! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
@@ -47,6 +49,7 @@ pub mod node;
 pub mod process;
 pub mod protocol;
 pub mod refusal;
+pub mod session;
 pub mod socket;
 pub mod tls;
 pub mod upload;

@@ -15,7 +15,7 @@
 //! 4. the NUL that ends the frame.
 
 use super::escape;
-use super::Version;
+use super::version::Version;
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// MESSAGE header with the message's sequence number on its topic.
