@@ -39,12 +39,21 @@ impl Frame {
 
 /// One protocol's encoding of what herald sends a connection.
 pub trait Encode {
-    /// A message, live or recovered. A codec whose bytes are the same for every connection
-    /// builds them through [`Message::encoded`] with its own slot.
-    fn message(&self, message: &Message) -> Frame;
+    /// A message, live or recovered, appended to `out` as the frames it takes: one for most
+    /// protocols; STOMP writes a MESSAGE per matching subscription, and ends each with a NUL
+    /// after the payload, a frame of its own so that the payload is never copied. A codec
+    /// whose bytes are the same for every connection builds them through
+    /// [`Message::encoded`] with its own slot.
+    fn message(&self, message: &Message, out: &mut Vec<Frame>);
 
     /// A reply to one of the connection's requests.
     fn reply(&self, reply: &Reply) -> Frame;
+
+    /// Whether the connection ends once `reply` has been sent (STOMP ends it after every
+    /// ERROR, and after the RECEIPT of a DISCONNECT). Asked before [`Encode::reply`].
+    fn closes_after(&self, _reply: &Reply) -> bool {
+        false
+    }
 
     /// `count` messages of `topic` did not reach the connection, for `reason`.
     fn dropped(&self, topic: &str, count: u64, reason: DropReason) -> Frame;

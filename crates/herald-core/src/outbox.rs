@@ -358,7 +358,7 @@ impl OutboundQueue {
                     }
                 }
             }
-            out.push(codec.message(&message));
+            codec.message(&message, out);
         }
         self.droppable.clear();
         self.live = 0;
@@ -507,14 +507,14 @@ mod policy_tests {
     }
 
     impl Encode for Seqs {
-        fn message(&self, m: &Message) -> Frame {
-            m.encoded(1, |m| {
+        fn message(&self, m: &Message, out: &mut Vec<Frame>) {
+            out.push(m.encoded(1, |m| {
                 self.encoded.set(self.encoded.get() + 1);
                 Frame {
                     head: Bytes::from(m.seq().to_be_bytes().to_vec()),
                     body: Bytes::new(),
                 }
-            })
+            }));
         }
         fn reply(&self, reply: &Reply) -> Frame {
             crate::wire::Native.reply(reply)

@@ -80,7 +80,14 @@ enum Writer {
 
 impl Outbox for Connection {
     fn reply(&self, reply: &Reply) {
+        let closes = self.codec.closes_after(reply);
         self.send(self.codec.reply(reply));
+        if closes {
+            match reply {
+                Reply::Error { message, .. } => self.close(Disconnect::ProtocolError, 1002, message),
+                _ => self.close(Disconnect::ClientClosed, 1000, "disconnected"),
+            }
+        }
     }
 
     fn dropped(&self, topic: &str, count: u64, reason: DropReason) {

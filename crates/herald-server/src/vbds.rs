@@ -269,11 +269,11 @@ async fn access(
 struct Images;
 
 impl Encode for Images {
-    fn message(&self, message: &Message) -> Frame {
-        Frame {
+    fn message(&self, message: &Message, out: &mut Vec<Frame>) {
+        out.push(Frame {
             head: Bytes::copy_from_slice(&message.seq().to_be_bytes()),
             body: message.payload().clone(),
-        }
+        });
     }
 
     fn reply(&self, _: &Reply) -> Frame {

@@ -21,9 +21,16 @@ pub const SLOT: usize = 0;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Native;
 
-impl Encode for Native {
-    fn message(&self, message: &Message) -> Frame {
+impl Native {
+    /// A message's one frame, encoded once in its [`SLOT`] and shared.
+    pub fn frame(&self, message: &Message) -> Frame {
         message.encoded(SLOT, encode_message)
+    }
+}
+
+impl Encode for Native {
+    fn message(&self, message: &Message, out: &mut Vec<Frame>) {
+        out.push(self.frame(message));
     }
 
     fn reply(&self, reply: &Reply) -> Frame {
@@ -165,7 +172,7 @@ mod tests {
     #[test]
     fn text_message_frame_is_valid_json() {
         let payload = Bytes::from_static("quote \"1.08\" \u{1F600}".as_bytes());
-        let frame = Native.message(&message(
+        let frame = Native.frame(&message(
             &head("q/fx/EURUSD"),
             PayloadKind::Text,
             payload,
@@ -194,7 +201,7 @@ mod tests {
                 None,
                 None,
             );
-            let v: Value = serde_json::from_slice(&unframe(&Native.message(&m)).1).unwrap();
+            let v: Value = serde_json::from_slice(&unframe(&Native.frame(&m)).1).unwrap();
             assert_eq!(
                 v,
                 json!({"op":"msg","topic":"caméra/ü","seq":seq,"epoch":"e\"1\\\n","data":"x"})
@@ -206,7 +213,7 @@ mod tests {
     fn binary_message_frame_shares_the_payload() {
         for size in [0usize, 100, 70_000] {
             let payload = Bytes::from(vec![7u8; size]);
-            let frame = Native.message(&message(
+            let frame = Native.frame(&message(
                 &head("cam/1"),
                 PayloadKind::Binary,
                 payload.clone(),
@@ -230,7 +237,7 @@ mod tests {
     #[test]
     fn a_message_is_encoded_once_for_every_native_connection() {
         let m = message(&head("t"), PayloadKind::Text, Bytes::from("x"), None, None);
-        let (a, b) = (Native.message(&m), Native.message(&m.clone()));
+        let (a, b) = (Native.frame(&m), Native.frame(&m.clone()));
         assert_eq!(a.head.as_ptr(), b.head.as_ptr());
     }
 
