@@ -66,6 +66,13 @@ pub struct Config {
     /// Whether the kernel may give `herald serve` transparent huge pages; off by default, for
     /// the latency tail (see [`crate::process::set_transparent_huge_pages`]).
     pub transparent_huge_pages: bool,
+    /// Address of a plain TCP listener speaking STOMP (docs/stomp.md); absent: none. STOMP
+    /// over WebSocket is always served at `/stomp` on `listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stomp_listen: Option<SocketAddr>,
+    /// How STOMP destinations name herald topics: `herald` (`/topic/a/b`) or `dotted`
+    /// (`/topic/a.b`, RabbitMQ and ActiveMQ clients); see docs/stomp.md.
+    pub stomp_dialect: crate::protocol::stomp::Dialect,
 }
 
 impl Default for Config {
@@ -91,6 +98,8 @@ impl Default for Config {
             max_topics: engine.max_topics,
             topic_idle_secs: engine.topic_idle_us / 1_000_000,
             transparent_huge_pages: false,
+            stomp_listen: None,
+            stomp_dialect: Default::default(),
         }
     }
 }
@@ -110,6 +119,8 @@ const ENV_KEYS: &[&str] = &[
     "max_topics",
     "topic_idle_secs",
     "transparent_huge_pages",
+    "stomp_listen",
+    "stomp_dialect",
 ];
 
 /// Keys of the `[auth]`, `[tls]` and `[nats]` sections that `HERALD_*` variables may set, as

@@ -20,8 +20,9 @@
 
 use herald_core::topic::{self, TopicError};
 
-/// How `/topic/<rest>` is read: see the module doc.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How `/topic/<rest>` is read: see the module doc. Configured as `stomp_dialect`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dialect {
     #[default]
     Herald,

@@ -22,8 +22,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const SEQ: &str = "seq";
 /// MESSAGE header with the epoch of that numbering.
 pub const EPOCH: &str = "epoch";
+/// MESSAGE header counting the messages of its topic that did not reach the subscriber
+/// before this one (its slow-consumer policy let them go).
+pub const DROPPED: &str = "dropped";
+/// Why they did not: `drop`, `conflate` or `remote`.
+pub const DROPPED_REASON: &str = "dropped-reason";
 /// The NUL that ends every frame (the last chunk of a [`MessageFrame`]).
-const END: Bytes = Bytes::from_static(b"\0");
+pub const END: Bytes = Bytes::from_static(b"\0");
 
 fn header(out: &mut BytesMut, name: &str, value: &str, version: Option<Version>) {
     escape::write(out, name, version);
@@ -76,10 +81,16 @@ pub fn connected(version: Version, heart_beat: (u64, u64), server: &str, session
     frame("CONNECTED", &headers, "", None)
 }
 
-/// RECEIPT for a frame whose `receipt` header was `receipt_id`.
-pub fn receipt(receipt_id: &str, version: Version) -> Bytes {
-    frame("RECEIPT", &[("receipt-id", receipt_id)], "", Some(version))
+/// RECEIPT for a frame whose `receipt` header was `receipt_id`, with herald's `extra` headers
+/// (what a SUBSCRIBE recovered).
+pub fn receipt(receipt_id: &str, extra: &[(&str, &str)], version: Version) -> Bytes {
+    let mut headers = vec![("receipt-id", receipt_id)];
+    headers.extend_from_slice(extra);
+    frame("RECEIPT", &headers, "", Some(version))
 }
+
+/// A heart-beat: one EOL.
+pub const HEART_BEAT: Bytes = Bytes::from_static(b"\n");
 
 /// An ERROR frame, after which herald closes the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +159,9 @@ pub struct MessageParts<'a> {
     pub body_len: usize,
     pub seq: u64,
     pub epoch: &'a str,
+    /// Messages of this topic that did not reach the subscriber before this one, and why
+    /// (the [`DROPPED`] and [`DROPPED_REASON`] headers).
+    pub dropped: Option<(u64, &'a str)>,
 }
 
 /// The shared headers of one message for subscribers speaking one version (chunk 2).
@@ -180,6 +194,10 @@ impl MessageHead {
         header(&mut out, "content-length", &parts.body_len.to_string(), v);
         header(&mut out, SEQ, &parts.seq.to_string(), v);
         header(&mut out, EPOCH, parts.epoch, v);
+        if let Some((count, reason)) = parts.dropped {
+            header(&mut out, DROPPED, &count.to_string(), v);
+            header(&mut out, DROPPED_REASON, reason, v);
+        }
         out.put_u8(b'\n');
         MessageHead {
             with_ack: out.freeze(),

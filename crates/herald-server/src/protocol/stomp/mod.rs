@@ -10,13 +10,17 @@
 //! - [`encode`]: CONNECTED, RECEIPT, ERROR, and MESSAGE as chunks shared by subscribers.
 //! - [`version`], [`heartbeat`]: what CONNECT negotiates.
 //! - [`destination`]: `/topic/…` destinations ↔ herald topics and patterns.
+//! - [`codec`]: a connection's [`herald_core::codec::Encode`], with its subscriptions.
+//! - [`session`]: a connection's [`crate::session::Protocol`]: frames in, requests out.
 
+pub mod codec;
 pub mod decode;
 pub mod destination;
 pub mod encode;
 pub mod escape;
 pub mod frame;
 pub mod heartbeat;
+pub mod session;
 pub mod version;
 
 pub use decode::{DecodeError, Decoded, Decoder, Limits, Reason};

@@ -380,7 +380,7 @@ fn server_frames_are_exact() {
         b"CONNECTED\nversion:1.0\nserver:herald\nsession:a b\n\n\x00"
     );
     assert_eq!(
-        &encode::receipt("r:1", Version::V1_2)[..],
+        &encode::receipt("r:1", &[], Version::V1_2)[..],
         b"RECEIPT\nreceipt-id:r\\c1\n\n\x00"
     );
     let error = ErrorFrame {
@@ -428,6 +428,7 @@ fn message_frames_share_their_head_and_body() {
         body_len: payload.len(),
         seq: 42,
         epoch: "e1",
+        dropped: None,
     };
     let head = MessageHead::new(&parts, Version::V1_2);
     let auto = Subscriber::new("sub-0", Version::V1_2, false);
