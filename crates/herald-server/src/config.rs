@@ -424,6 +424,23 @@ mod tests {
     }
 
     #[test]
+    fn stomp_settings_come_from_toml_environment_and_flags() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None, serde_json::json!({})).unwrap();
+            assert_eq!(c.stomp_listen, None, "no STOMP listener unless configured");
+            jail.create_file("c.toml", "stomp_dialect = \"dotted\"")?;
+            jail.set_env("HERALD_STOMP_LISTEN", "127.0.0.1:61613");
+            let c = Config::load(Some(Path::new("c.toml")), serde_json::json!({})).unwrap();
+            assert_eq!(c.stomp_listen, Some(([127, 0, 0, 1], 61613).into()));
+            assert_eq!(c.stomp_dialect, crate::protocol::stomp::Dialect::Dotted);
+            let flags = serde_json::json!({ "stomp_dialect": "herald" });
+            let c = Config::load(Some(Path::new("c.toml")), flags).unwrap();
+            assert_eq!(c.stomp_dialect, crate::protocol::stomp::Dialect::Herald);
+            Ok(())
+        });
+    }
+
+    #[test]
     fn auth_and_tls_files_come_from_the_environment_below_flags() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("c.toml", "[tls]\ncert_file = \"/toml/cert.pem\"")?;

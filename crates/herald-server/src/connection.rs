@@ -84,7 +84,9 @@ impl Outbox for Connection {
         self.send(self.codec.reply(reply));
         if closes {
             match reply {
-                Reply::Error { message, .. } => self.close(Disconnect::ProtocolError, 1002, message),
+                Reply::Error { message, .. } => {
+                    self.close(Disconnect::ProtocolError, 1002, message)
+                }
                 _ => self.close(Disconnect::ClientClosed, 1000, "disconnected"),
             }
         }

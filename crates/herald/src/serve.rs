@@ -55,6 +55,15 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
+    /// Address of a plain TCP listener speaking STOMP [default: none]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stomp_listen: Option<SocketAddr>,
+    /// How STOMP destinations name topics: herald (/topic/a/b) or dotted (/topic/a.b)
+    /// [default: herald]
+    #[arg(long, value_parser = ["herald", "dotted"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stomp_dialect: Option<String>,
     #[command(flatten)]
     #[serde(skip_serializing_if = "AuthOverrides::is_empty")]
     auth: AuthOverrides,

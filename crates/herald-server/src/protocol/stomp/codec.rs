@@ -230,10 +230,17 @@ impl StompCodec {
             }
             let acked: Vec<u64> = match sub.ack {
                 AckMode::Auto => continue,
-                AckMode::Client => sub.unacked.range(..=target.message).map(|(n, _)| *n).collect(),
-                AckMode::ClientIndividual => {
-                    sub.unacked.get_key_value(&target.message).map(|(n, _)| *n).into_iter().collect()
-                }
+                AckMode::Client => sub
+                    .unacked
+                    .range(..=target.message)
+                    .map(|(n, _)| *n)
+                    .collect(),
+                AckMode::ClientIndividual => sub
+                    .unacked
+                    .get_key_value(&target.message)
+                    .map(|(n, _)| *n)
+                    .into_iter()
+                    .collect(),
             };
             for n in acked {
                 let Some(at) = sub.unacked.remove(&n) else {
@@ -279,7 +286,11 @@ impl StompCodec {
             PayloadKind::Binary => OpCode::Binary,
         };
         for sub in state.subscriptions.iter_mut() {
-            let Some(at) = sub.patterns.iter().position(|p| topic::matches(p, m.topic())) else {
+            let Some(at) = sub
+                .patterns
+                .iter()
+                .position(|p| topic::matches(p, m.topic()))
+            else {
                 continue;
             };
             let head = head.get_or_insert_with(|| {
@@ -351,7 +362,11 @@ impl Encode for StompCodec {
         let version = state.version;
         let id = |id: Option<&RequestId>| id.and_then(RequestId::as_u64);
         match reply {
-            Reply::Error { id: rid, code, message } => {
+            Reply::Error {
+                id: rid,
+                code,
+                message,
+            } => {
                 let awaiting = id(rid.as_ref()).and_then(|n| state.awaiting.remove(&n));
                 let text = format!("{code}: {message}");
                 let receipt = awaiting.as_ref().and_then(|a| a.receipt.as_deref());
@@ -376,7 +391,8 @@ impl Encode for StompCodec {
                 ..
             } => self.answered(&mut state, id(rid.as_ref()), |a| {
                 a.replayed += replayed;
-                a.gaps.extend(gaps.iter().map(|g| describe(g, self.dialect)));
+                a.gaps
+                    .extend(gaps.iter().map(|g| describe(g, self.dialect)));
                 a.cursor = Some(cursor.clone());
             }),
             Reply::Authed { .. } => Frame::default(),
@@ -400,10 +416,7 @@ impl Encode for StompCodec {
 
     fn dropped(&self, topic: &str, count: u64, reason: DropReason) -> Frame {
         let mut state = self.state.lock();
-        let entry = state
-            .dropped
-            .entry(topic.to_owned())
-            .or_insert((0, reason));
+        let entry = state.dropped.entry(topic.to_owned()).or_insert((0, reason));
         entry.0 += count;
         entry.1 = reason;
         Frame::default()

@@ -27,8 +27,8 @@ use crate::connection::Codec;
 use crate::metrics::Disconnect;
 use crate::session::{Context, Input, Keepalive, Protocol};
 use bytes::{Bytes, BytesMut};
-use herald_core::request::{self, PayloadKind, Position, Publish, Request, Subscribe};
 use herald_core::policy::Policy;
+use herald_core::request::{self, PayloadKind, Position, Publish, Request, Subscribe};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,7 +146,10 @@ impl StompSession {
             }
             return Err(Refusal::of(
                 &frame,
-                format!("{} before CONNECT; a session starts with CONNECT or STOMP", frame.command),
+                format!(
+                    "{} before CONNECT; a session starts with CONNECT or STOMP",
+                    frame.command
+                ),
             ));
         };
         match frame.header("transaction") {
@@ -178,11 +181,10 @@ impl StompSession {
     }
 
     fn connect(&mut self, cx: &mut Context<'_>, frame: &Frame) -> Result<(), Refusal> {
-        let version =
-            version::negotiate(frame.header("accept-version")).map_err(|e| Refusal {
-                list_versions: true,
-                ..Refusal::of(frame, e.to_string())
-            })?;
+        let version = version::negotiate(frame.header("accept-version")).map_err(|e| Refusal {
+            list_versions: true,
+            ..Refusal::of(frame, e.to_string())
+        })?;
         let beats = heartbeat::negotiate(frame.header("heart-beat"), self.settings.heart_beat)
             .map_err(|e| Refusal::of(frame, e.to_string()))?;
         if let Some(token) = frame.header("passcode") {
@@ -193,7 +195,10 @@ impl StompSession {
         } else if !cx.is_authenticated() {
             return Err(Refusal {
                 why: Disconnect::Unauthorized,
-                ..Refusal::of(frame, "authentication required: send a herald token as passcode")
+                ..Refusal::of(
+                    frame,
+                    "authentication required: send a herald token as passcode",
+                )
             });
         }
         self.version = Some(version);
@@ -215,7 +220,10 @@ impl StompSession {
             if beats.server_sends.is_some() { sx } else { 0 },
             if beats.client_sends.is_some() { sy } else { 0 },
         );
-        cx.send(self.codec.control(encode::connected(version, offer, server, &session)));
+        cx.send(
+            self.codec
+                .control(encode::connected(version, offer, server, &session)),
+        );
         Ok(())
     }
 
@@ -254,17 +262,22 @@ impl StompSession {
             (None, _) => return Err(Refusal::of(frame, "SUBSCRIBE needs an id header")),
         };
         if self.codec.subscription(&id).is_some() {
-            return Err(Refusal::of(frame, format!("subscription id {id:?} is already in use")));
+            return Err(Refusal::of(
+                frame,
+                format!("subscription id {id:?} is already in use"),
+            ));
         }
-        let ack = AckMode::parse(frame.header("ack")).ok_or_else(|| {
-            Refusal::of(frame, "ack must be auto, client or client-individual")
-        })?;
+        let ack = AckMode::parse(frame.header("ack"))
+            .ok_or_else(|| Refusal::of(frame, "ack must be auto, client or client-individual"))?;
         let patterns = destination::subscription_patterns(dest, self.settings.dialect)
             .map_err(|e| Refusal::of(frame, e.to_string()))?;
         let window = match frame.header("prefetch-count") {
             None => None,
             Some(v) => Some(v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                Refusal::of(frame, format!("prefetch-count {v:?} is not a positive number"))
+                Refusal::of(
+                    frame,
+                    format!("prefetch-count {v:?} is not a positive number"),
+                )
             })?),
         };
         let since = match frame.header("since") {
@@ -348,7 +361,12 @@ impl StompSession {
         Ok(())
     }
 
-    fn ack(&mut self, cx: &mut Context<'_>, frame: &Frame, version: Version) -> Result<(), Refusal> {
+    fn ack(
+        &mut self,
+        cx: &mut Context<'_>,
+        frame: &Frame,
+        version: Version,
+    ) -> Result<(), Refusal> {
         let number = |v: &str| {
             v.parse::<u64>()
                 .map_err(|_| Refusal::of(frame, format!("{v:?} names no message herald sent")))
@@ -374,7 +392,10 @@ impl StompSession {
         };
         if let Some(sub) = target.subscription {
             if self.codec.subscription(sub).is_none() {
-                return Err(Refusal::of(frame, format!("no subscription with id {sub:?}")));
+                return Err(Refusal::of(
+                    frame,
+                    format!("no subscription with id {sub:?}"),
+                ));
             }
         }
         for (topic, n) in self.codec.ack(target) {
@@ -400,7 +421,10 @@ impl StompSession {
     fn begin(&mut self, cx: &mut Context<'_>, frame: &Frame) -> Result<(), Refusal> {
         let tx = required(frame, "transaction")?;
         if self.transactions.contains_key(tx) {
-            return Err(Refusal::of(frame, format!("transaction {tx:?} is already open")));
+            return Err(Refusal::of(
+                frame,
+                format!("transaction {tx:?} is already open"),
+            ));
         }
         if self.transactions.len() == MAX_TRANSACTIONS {
             return Err(Refusal::of(
@@ -416,7 +440,10 @@ impl StompSession {
     fn hold(&mut self, tx: String, frame: Frame) -> Result<(), Refusal> {
         let limit = self.settings.limits.max_body_bytes * TRANSACTION_BYTES_PER_BODY;
         let Some(held) = self.transactions.get_mut(&tx) else {
-            return Err(Refusal::of(&frame, format!("no transaction {tx:?} is open")));
+            return Err(Refusal::of(
+                &frame,
+                format!("no transaction {tx:?} is open"),
+            ));
         };
         if self.held_bytes + frame.body.len() > limit {
             return Err(Refusal::of(
