@@ -69,7 +69,7 @@ impl TopicHead {
 
 /// A numbered message, shared (see the module's documentation).
 ///
-/// Memory: one allocation of 248 bytes (mimalloc's 256-byte class) holding its numbering's
+/// Memory: one allocation of 256 bytes (a mimalloc size class) holding its numbering's
 /// [`TopicHead`] (shared), seq, receive stamp, payload handle, content type and the
 /// [`ENCODING_SLOTS`] cached encodings (72 bytes each, empty until a protocol sends it); plus
 /// the payload's own bytes, and each cached encoding's bytes once made.
@@ -84,6 +84,8 @@ struct Inner {
     payload: Bytes,
     content_type: Option<Box<str>>,
     kind: PayloadKind,
+    /// [`Message::size`], counted once: every queue it joins asks for it.
+    size: usize,
     encoded: [OnceLock<Frame>; ENCODING_SLOTS],
 }
 
@@ -101,6 +103,11 @@ impl Message {
         content_type: Option<Box<str>>,
         stamp_us: Option<u64>,
     ) -> Self {
+        let size = payload.len()
+            + head.name.len()
+            + head.epoch.len()
+            + content_type.as_deref().map_or(0, str::len)
+            + MESSAGE_OVERHEAD;
         Message(Arc::new(Inner {
             head,
             seq,
@@ -108,6 +115,7 @@ impl Message {
             payload,
             content_type,
             kind,
+            size,
             encoded: Default::default(),
         }))
     }
@@ -157,12 +165,7 @@ impl Message {
     /// [`MESSAGE_OVERHEAD`]. Known before any protocol encodes it, the same for every
     /// protocol, and close to herald's own encoding's length.
     pub fn size(&self) -> usize {
-        let m = &self.0;
-        m.payload.len()
-            + m.head.name.len()
-            + m.head.epoch.len()
-            + m.content_type.as_deref().map_or(0, str::len)
-            + MESSAGE_OVERHEAD
+        self.0.size
     }
 
     /// Starts loading the message's own block (see [`crate::prefetch`]).

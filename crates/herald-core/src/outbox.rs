@@ -50,8 +50,9 @@ pub struct Delivered {
 }
 
 enum Entry {
-    /// Encoded already: a reply, a notice, a control frame, the close.
-    Frame(Frame),
+    /// Encoded already: a reply, a notice, a control frame, the close. Boxed: these are rare
+    /// beside messages, and every slot of the queue is as large as its largest entry.
+    Frame(Box<Frame>),
     /// A message, encoded as it is drained; its topic is set under `drop` or `conflate`, whose
     /// messages the queue may discard or replace.
     Message(Message, Option<Arc<str>>),
@@ -126,10 +127,11 @@ impl OutboundQueue {
 
     /// Queues a frame that is never dropped (replies, notices, control frames).
     pub fn push(&mut self, frame: Frame) -> Pushed {
-        self.push_entry(Entry::Frame(frame))
+        self.push_entry(Entry::Frame(Box::new(frame)))
     }
 
     /// Queues an entry that is never dropped: a frame, or a `disconnect` or `lossless` message.
+    #[inline]
     fn push_entry(&mut self, entry: Entry) -> Pushed {
         if self.closed {
             return Pushed::Closed;
@@ -303,7 +305,7 @@ impl OutboundQueue {
         self.due.clear();
         self.held_bytes = 0;
         self.closed = true;
-        self.append(Entry::Frame(frame));
+        self.append(Entry::Frame(Box::new(frame)));
         true
     }
 
@@ -344,7 +346,7 @@ impl OutboundQueue {
             let (message, topic) = match slot {
                 None => continue, // a dropped message's hole
                 Some(Entry::Frame(frame)) => {
-                    out.push(frame);
+                    out.push(*frame);
                     continue;
                 }
                 Some(Entry::Message(message, topic)) => (message, topic),
