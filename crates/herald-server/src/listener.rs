@@ -278,9 +278,168 @@ async fn serve_http<S>(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::connection::Codec;
+    use crate::session::{Context, Input, Keepalive};
     use crate::{Config, Server};
-    use std::time::Duration;
-    use tokio::net::TcpStream;
+    use bytes::Bytes;
+    use herald_core::codec::{Encode, Frame};
+    use herald_core::message::Message;
+    use herald_core::reply::{DropReason, Reply};
+    use herald_core::request::{PayloadKind, Publish, Request, Subscribe};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A codec that sends a message's payload as it is, cached in the message, and counts how
+    /// often it encodes one.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl Encode for Counting {
+        fn message(&self, message: &Message) -> Frame {
+            message.encoded(1, |m| {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Frame {
+                    head: Bytes::new(),
+                    body: m.payload().clone(),
+                }
+            })
+        }
+        fn reply(&self, _: &Reply) -> Frame {
+            Frame::default()
+        }
+        fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
+            Frame::default()
+        }
+    }
+
+    /// A protocol of single bytes: `s` subscribes to `t`, `p` is answered `pong`, `q` ends
+    /// the connection.
+    struct Bytewise(Arc<AtomicUsize>);
+
+    impl Protocol for Bytewise {
+        fn codec(&self) -> Codec {
+            Arc::new(Counting(self.0.clone()))
+        }
+        fn keepalive(&self) -> Keepalive {
+            Keepalive::default()
+        }
+        fn input(&mut self, cx: &mut Context<'_>, input: Input) -> Result<(), Disconnect> {
+            let Input::Bytes(bytes) = input else {
+                panic!("a stream delivers bytes");
+            };
+            for byte in bytes {
+                match byte {
+                    b's' => cx.request(Request::Subscribe(Subscribe {
+                        topic: "t".into(),
+                        ..Subscribe::default()
+                    })),
+                    b'p' => {
+                        cx.send(Frame {
+                            head: Bytes::from_static(b"pong"),
+                            body: Bytes::new(),
+                        });
+                    }
+                    b'q' => return Err(Disconnect::ProtocolError),
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// A node serving [`Bytewise`] on a TCP port of its own; its codec's count of encodings.
+    async fn bytewise(config: Config) -> (Arc<Node>, SocketAddr, Arc<AtomicUsize>) {
+        let node = Node::new(config).unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let encodes = Arc::new(AtomicUsize::new(0));
+        let counter = encodes.clone();
+        tokio::spawn(serve_stream(
+            listener,
+            node.clone(),
+            move |_: &Node| Bytewise(counter.clone()),
+            std::future::pending(),
+        ));
+        (node, addr, encodes)
+    }
+
+    async fn read_exactly(client: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut got = vec![0; n];
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got))
+            .await
+            .expect("in time")
+            .expect("read");
+        got
+    }
+
+    /// Subscribes (`s`), and returns once the subscription is made: a `p` after it is
+    /// answered only once the `s` is carried out.
+    async fn subscribed(addr: SocketAddr) -> TcpStream {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"sp").await.unwrap();
+        assert_eq!(read_exactly(&mut client, 4).await, b"pong");
+        client
+    }
+
+    async fn publish(node: &Node, payload: &'static [u8]) {
+        let publish = Publish {
+            id: None,
+            topic: "t".into(),
+            payload: Bytes::from_static(payload),
+            kind: PayloadKind::Binary,
+            content_type: None,
+            stamp: false,
+        };
+        node.publish_http(&publish, 0).await.unwrap();
+    }
+
+    /// A protocol on its own port speaks plain bytes both ways: its answers, the messages of
+    /// its subscriptions, and at the end no WebSocket close frame, the stream just ends.
+    #[tokio::test]
+    async fn a_stream_protocol_speaks_plain_bytes_over_tcp() {
+        let (node, addr, _) = bytewise(Config::default()).await;
+        let mut client = subscribed(addr).await;
+        publish(&node, b"hello").await;
+        assert_eq!(read_exactly(&mut client, 5).await, b"hello");
+        client.write_all(b"q").await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest))
+            .await
+            .expect("closed in time")
+            .expect("read");
+        assert_eq!(rest, b"", "nothing after the last message, no close frame");
+    }
+
+    /// A message sent to several connections of one protocol is encoded once: the server's
+    /// path from the engine to each socket shares the codec's bytes.
+    #[tokio::test]
+    async fn a_message_is_encoded_once_for_every_connection_of_a_protocol() {
+        let (node, addr, encodes) = bytewise(Config::default()).await;
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(subscribed(addr).await);
+        }
+        publish(&node, b"once").await;
+        for client in &mut clients {
+            assert_eq!(read_exactly(client, 4).await, b"once");
+        }
+        assert_eq!(encodes.load(Ordering::Relaxed), 1);
+    }
+
+    /// A stream listener's sockets count against `max_connections` like the HTTP port's.
+    #[tokio::test]
+    async fn a_stream_listener_counts_against_max_connections() {
+        let config = Config {
+            max_connections: 1,
+            ..Config::default()
+        };
+        let (_node, addr, _) = bytewise(config).await;
+        let _first = subscribed(addr).await;
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), second.read_to_end(&mut rest));
+        assert!(read.await.expect("closed in time").is_ok_and(|n| n == 0));
+    }
 
     /// A burst of clients larger than tokio's default backlog (128) all connect while nothing
     /// accepts yet (a herald too busy to call `accept()`): the kernel queues them rather than
