@@ -10,7 +10,7 @@
 //! - [`limits`]: per-IP and per-connection limits against abusive clients.
 //! - [`listener`]: the accept loop (per-IP limits, header deadline, graceful shutdown).
 //! - [`tls`]: TLS on the listener, reloaded on SIGHUP.
-//! - [`ws`]: a WebSocket session: handshake, reading requests, running the writer.
+//! - [`ws`]: the WebSocket handshake (origin check, the token presented) before a session.
 //! - [`socket`]: the stream under a session, split lock-free when it is plain TCP.
 //! - [`frame_reader`]: a session's incoming frames, read with no buffer held while it is idle.
 //! - [`connection`]: a connection's outbound queue and who writes it (direct or writer task).
@@ -23,10 +23,9 @@
 //! - [`process`]: what `herald serve` sets for its whole process: open files, huge pages.
 //! - [`cluster`]: the broker boundary joining nodes into a cluster, and the NATS broker behind
 //!   it (when `[nats]` is configured), with durable history in NATS JetStream.
-//! - [`protocol`]: the wire protocols other than the native one (MQTT, STOMP): codecs and name
-//!   mappings, free of I/O.
+//! - [`protocol`]: the wire protocols: the native and VBDS sessions, the MQTT and STOMP codecs.
 //! - [`upload`]: reading a large HTTP body into one buffer, once.
-//! - [`vbds`]: the VBDS API (streams, multipart transfer, chunked WebSocket access).
+//! - [`vbds`]: the VBDS API's HTTP routes (streams, multipart transfer, the access socket).
 //!
 //! [`Server::bind`] then [`Server::run`] serves until the shutdown future completes, then closes
 //! every WebSocket with 1001 and waits (bounded) for the close frames to go out.
