@@ -20,4 +20,4 @@ pub use decode::{
     decode_binary, decode_text, decode_text_frame, decode_text_general, split_binary,
 };
 pub use encode::{encode_reply, Native, SLOT};
-pub use frames::{encode_binary, encode_close, encode_control, OpCode};
+pub use frames::{encode_binary, encode_close, encode_control, ws_header, OpCode};

@@ -35,7 +35,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
 /// A connection's protocol: what encodes what it is sent.
-pub type Codec = &'static (dyn Encode + Send + Sync);
+pub type Codec = Arc<dyn Encode + Send + Sync>;
 
 pub struct Connection {
     out: Mutex<Outgoing>,
@@ -144,7 +144,7 @@ impl QueueLimits {
 impl Connection {
     /// A connection of herald's protocol whose writer task does all the writing.
     pub fn new(limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::speaking(&wire::Native, limits, metrics)
+        Self::speaking(Arc::new(wire::Native), limits, metrics)
     }
 
     /// A connection of `codec`'s protocol whose writer task does all the writing.
@@ -156,7 +156,7 @@ impl Connection {
     /// write to directly.
     pub fn direct(socket: OwnedWriteHalf, limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
         Self::build(
-            &wire::Native,
+            Arc::new(wire::Native),
             Some(DirectSocket::new(socket)),
             limits,
             metrics,
@@ -274,7 +274,7 @@ impl Connection {
             if out.writer != Writer::Nobody || out.queue.is_closed() {
                 return 0;
             }
-            out.queue.drain_into(frames, self.codec, now_us);
+            out.queue.drain_into(frames, &*self.codec, now_us);
             if frames.is_empty() {
                 // Only throttled messages wait: the writer task keeps their time.
                 let throttled = out.queue.next_due().is_some();
@@ -301,7 +301,7 @@ impl Connection {
                 return taken;
             }
             if !out.queue.is_closed() {
-                out.queue.drain_into(frames, self.codec, now_us);
+                out.queue.drain_into(frames, &*self.codec, now_us);
                 taken += frames.len();
             }
             if frames.is_empty() {
@@ -387,7 +387,7 @@ impl Connection {
                         return false;
                     }
                     Writer::Nobody | Writer::Task => {
-                        out.queue.drain_into(batch, self.codec, now_us());
+                        out.queue.drain_into(batch, &*self.codec, now_us());
                         if batch.is_empty() {
                             // About to wait: an idle connection keeps little memory.
                             out.queue.shrink_idle();

@@ -302,7 +302,11 @@ async fn run_subscriber(
     mut write: WriteHalf,
     budget: Option<Arc<Sockets>>,
 ) {
-    let conn = Connection::speaking(&Images, QueueLimits::of(&node.config), node.metrics.clone());
+    let conn = Connection::speaking(
+        Arc::new(Images),
+        QueueLimits::of(&node.config),
+        node.metrics.clone(),
+    );
     let id = node.engine.lock().connect(conn.clone());
     let pattern = topic(&name);
     let subscribe = WireRequest::Subscribe(Subscribe {
