@@ -660,3 +660,64 @@ impl Encode for Encoder {
         Frame::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_core::message::TopicHead;
+
+    /// Every form sliced out of the cached buffer is the packet [`Prepared`] makes, behind a
+    /// WebSocket header where the transport needs one.
+    #[test]
+    fn each_cached_form_is_the_packet_for_its_version_and_transport() {
+        for len in [0, 3, 200, 70_000] {
+            let payload = Bytes::from(vec![7u8; len]);
+            let head = TopicHead::new("a/b".into(), "e".into());
+            let m = Message::new(
+                head,
+                1,
+                PayloadKind::Text,
+                payload.clone(),
+                Some("t/x".into()),
+                None,
+            );
+            let all = shared_heads(&m);
+            for version in [Version::V311, Version::V5] {
+                let p = Publishable::from(&m);
+                let expected = Prepared::new(version, "a/b", &p.properties(), payload.clone())
+                    .head(&Delivery::default())
+                    .unwrap();
+                let (bare, n) = shared_head(&all.head, len, version, Transport::Stream);
+                assert_eq!((bare.clone(), n), (expected.clone(), expected.len() + len));
+                let (ws, _) = shared_head(&all.head, len, version, Transport::WebSocket);
+                let header = ws_header(OpCode::Binary, expected.len() + len);
+                assert_eq!(ws, [&header[..], &expected[..]].concat());
+            }
+        }
+    }
+
+    #[test]
+    fn tags_survive_the_round_trip_through_a_request_id() {
+        let tags = [
+            Tag::Publish {
+                qos: QoS::ExactlyOnce,
+                packet_id: 65_535,
+                retain: Some(65_535),
+            },
+            Tag::Publish {
+                qos: QoS::AtMostOnce,
+                packet_id: 0,
+                retain: None,
+            },
+            Tag::Subscribe {
+                packet_id: 1,
+                filter: 300,
+            },
+            Tag::Unsubscribe { packet_id: 2 },
+        ];
+        for tag in tags {
+            assert_eq!(Tag::of(&tag.id()), Some(tag));
+        }
+        assert_eq!(Tag::of(&RequestId::from("client id")), None);
+    }
+}

@@ -597,3 +597,335 @@ impl Protocol for Mqtt {
         cx.request(request);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The session and its encoder against a real node and engine, without a transport: the
+    //! tests carry out requests as the session driver does and read what the connection writes.
+    use super::*;
+    use crate::auth::Access;
+    use crate::config::Config;
+    use crate::connection::{Connection, QueueLimits};
+    use crate::flush::Pending;
+    use crate::protocol::mqtt::wire::read_varint;
+    use herald_core::engine::{ConnId, Outbox};
+    use tokio::io::{AsyncReadExt, DuplexStream};
+
+    struct Client {
+        node: Arc<Node>,
+        conn: Arc<Connection>,
+        id: ConnId,
+        access: Access,
+        mqtt: Mqtt,
+        rx: DuplexStream,
+        got: BytesMut,
+    }
+
+    impl Client {
+        fn new(node: &Arc<Node>) -> Client {
+            let mqtt = Mqtt::new(node, Transport::Stream);
+            let conn = Connection::speaking(
+                mqtt.codec(),
+                QueueLimits::both(1 << 20),
+                node.metrics.clone(),
+            );
+            let id = node.engine.lock().connect(conn.clone());
+            let (tx, rx) = tokio::io::duplex(1 << 20);
+            let writer = conn.clone();
+            tokio::spawn(async move { writer.run_writer(tx, Duration::from_secs(1)).await });
+            Client {
+                node: node.clone(),
+                conn,
+                id,
+                access: Access::new(None, Duration::from_secs(10)),
+                mqtt,
+                rx,
+                got: BytesMut::new(),
+            }
+        }
+
+        /// Hands the session `bytes` and carries out what it asks for.
+        fn send(&mut self, bytes: &[u8]) -> Result<(), Disconnect> {
+            let mut cx = Context {
+                node: &self.node,
+                id: self.id,
+                conn: &self.conn,
+                access: &mut self.access,
+                socket: None,
+                requests: Vec::new(),
+                now_us: 0,
+            };
+            let result = self
+                .mqtt
+                .input(&mut cx, Input::Bytes(Bytes::copy_from_slice(bytes)));
+            let requests = std::mem::take(&mut cx.requests);
+            self.carry_out(requests);
+            result
+        }
+
+        fn end(&mut self) {
+            let mut cx = Context {
+                node: &self.node,
+                id: self.id,
+                conn: &self.conn,
+                access: &mut self.access,
+                socket: None,
+                requests: Vec::new(),
+                now_us: 0,
+            };
+            self.mqtt.ended(&mut cx, Disconnect::IoError);
+            let requests = std::mem::take(&mut cx.requests);
+            self.carry_out(requests);
+            self.node.disconnect(self.id);
+        }
+
+        fn carry_out(&mut self, requests: Vec<Request>) {
+            let mut pending = Pending::default();
+            for request in requests {
+                match self.access.admit(&request) {
+                    Admit::Pass => {
+                        let outcome = self.node.handle_now(self.id, request, &mut pending, 0);
+                        assert!(outcome.is_ok(), "nothing waits in these tests");
+                    }
+                    Admit::Reply(reply) | Admit::Close(reply) => self.conn.reply(&reply),
+                }
+            }
+            pending.flush();
+        }
+
+        /// The next packet the server sent: its first byte and the rest after the length.
+        async fn packet(&mut self) -> (u8, Vec<u8>) {
+            loop {
+                if self.got.len() >= 2 {
+                    if let Ok(Some((len, n))) = read_varint(&self.got[1..], false) {
+                        let total = 1 + n + len as usize;
+                        if self.got.len() >= total {
+                            let p = self.got.split_to(total);
+                            return (p[0], p[1 + n..].to_vec());
+                        }
+                    }
+                }
+                let mut chunk = [0u8; 4096];
+                let n = tokio::time::timeout(Duration::from_secs(2), self.rx.read(&mut chunk))
+                    .await
+                    .expect("a packet within 2 s")
+                    .unwrap();
+                assert!(n > 0, "the connection ended");
+                self.got.extend_from_slice(&chunk[..n]);
+            }
+        }
+
+        /// Nothing more arrives for a moment.
+        async fn quiet(&mut self) {
+            let mut chunk = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_millis(200), self.rx.read(&mut chunk));
+            assert!(
+                read.await.is_err() && self.got.is_empty(),
+                "unexpected bytes"
+            );
+        }
+    }
+
+    fn node() -> Arc<Node> {
+        Node::new(Config::default()).unwrap()
+    }
+
+    fn string(s: &str) -> Vec<u8> {
+        let mut v = (s.len() as u16).to_be_bytes().to_vec();
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    fn packet(first: u8, body: &[u8]) -> Vec<u8> {
+        assert!(body.len() < 128);
+        let mut v = vec![first, body.len() as u8];
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// CONNECT at `level` (4 or 5) with a clean session and keep-alive 30 s.
+    fn connect(level: u8, id: &str) -> Vec<u8> {
+        let mut body = string("MQTT");
+        body.extend([level, 0x02, 0, 30]);
+        if level == 5 {
+            body.push(0);
+        }
+        body.extend(string(id));
+        packet(0x10, &body)
+    }
+
+    fn subscribe(level: u8, packet_id: u16, filter: &str, options: u8) -> Vec<u8> {
+        let mut body = packet_id.to_be_bytes().to_vec();
+        if level == 5 {
+            body.push(0);
+        }
+        body.extend(string(filter));
+        body.push(options);
+        packet(0x82, &body)
+    }
+
+    fn publish(level: u8, qos: u8, retain: bool, topic: &str, id: u16, payload: &[u8]) -> Vec<u8> {
+        let mut body = string(topic);
+        if qos > 0 {
+            body.extend(id.to_be_bytes());
+        }
+        if level == 5 {
+            body.push(0);
+        }
+        body.extend_from_slice(payload);
+        packet(0x30 | qos << 1 | u8::from(retain), &body)
+    }
+
+    async fn connected(node: &Arc<Node>, level: u8) -> Client {
+        let mut c = Client::new(node);
+        c.send(&connect(level, "c")).unwrap();
+        let (first, body) = c.packet().await;
+        assert_eq!(first, 0x20);
+        assert_eq!(body[1], 0, "accepted");
+        c
+    }
+
+    #[tokio::test]
+    async fn qos1_both_ways_with_the_puback_after_herald_accepted() {
+        let node = node();
+        let mut sub = connected(&node, 4).await;
+        sub.send(&subscribe(4, 7, "a/#", 1)).unwrap();
+        assert_eq!(sub.packet().await, (0x90, vec![0, 7, 1]), "granted QoS 1");
+        let mut publisher = connected(&node, 5).await;
+        publisher
+            .send(&publish(5, 1, false, "a/b", 3, b"\x00\xffbin"))
+            .unwrap();
+        assert_eq!(publisher.packet().await, (0x40, vec![0, 3]), "PUBACK");
+        let (first, body) = sub.packet().await;
+        assert_eq!(first, 0x32, "QoS 1, no retain");
+        assert_eq!(&body[..5], &[0, 3, b'a', b'/', b'b']);
+        let packet_id = u16::from_be_bytes([body[5], body[6]]);
+        assert_eq!(&body[7..], b"\x00\xffbin");
+        sub.send(&packet(0x40, &packet_id.to_be_bytes())).unwrap();
+        // `a/#` also matches `a`; the message goes at the subscription's QoS, as herald does
+        // not record the publisher's.
+        publisher.send(&publish(5, 0, false, "a", 0, b"x")).unwrap();
+        let (first, body) = sub.packet().await;
+        assert_eq!((first, &body[..3]), (0x32, &[0, 1, b'a'][..]));
+    }
+
+    #[tokio::test]
+    async fn qos2_from_a_publisher_is_published_exactly_once() {
+        let node = node();
+        let mut sub = connected(&node, 4).await;
+        sub.send(&subscribe(4, 1, "t", 0)).unwrap();
+        assert_eq!(sub.packet().await, (0x90, vec![0, 1, 0]));
+        let mut publisher = connected(&node, 4).await;
+        let once = publish(4, 2, false, "t", 9, b"m");
+        publisher.send(&once).unwrap();
+        assert_eq!(publisher.packet().await, (0x50, vec![0, 9]), "PUBREC");
+        let mut dup = once.clone();
+        dup[0] |= 0x08;
+        publisher.send(&dup).unwrap();
+        assert_eq!(publisher.packet().await, (0x50, vec![0, 9]), "PUBREC again");
+        publisher.send(&packet(0x62, &[0, 9])).unwrap();
+        assert_eq!(publisher.packet().await, (0x70, vec![0, 9]), "PUBCOMP");
+        assert_eq!(sub.packet().await, (0x30, vec![0, 1, b't', b'm']));
+        sub.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn retained_messages_follow_the_suback_and_an_empty_one_clears() {
+        let node = node();
+        let mut publisher = connected(&node, 5).await;
+        publisher
+            .send(&publish(5, 1, true, "r/1", 1, b"kept"))
+            .unwrap();
+        assert_eq!(publisher.packet().await.0, 0x40);
+        publisher
+            .send(&publish(5, 0, false, "r/1", 0, b"not"))
+            .unwrap();
+        let mut sub = connected(&node, 4).await;
+        sub.send(&subscribe(4, 2, "r/+", 0)).unwrap();
+        assert_eq!(sub.packet().await, (0x90, vec![0, 2, 0]));
+        let (first, body) = sub.packet().await;
+        assert_eq!(first, 0x31, "retain flag set");
+        assert_eq!(
+            &body[5..],
+            b"kept",
+            "the retained message, not the last one"
+        );
+        publisher.send(&publish(5, 1, true, "r/1", 2, b"")).unwrap();
+        assert_eq!(publisher.packet().await.0, 0x40);
+        assert_eq!(sub.packet().await, (0x30, vec![0, 3, b'r', b'/', b'1']));
+        let mut late = connected(&node, 4).await;
+        late.send(&subscribe(4, 3, "r/#", 0)).unwrap();
+        assert_eq!(late.packet().await, (0x90, vec![0, 3, 0]));
+        late.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn the_will_is_published_unless_the_client_disconnects_cleanly() {
+        let node = node();
+        let mut sub = connected(&node, 4).await;
+        sub.send(&subscribe(4, 1, "will/#", 0)).unwrap();
+        sub.packet().await;
+        let with_will = |id: &str| {
+            let mut body = string("MQTT");
+            body.extend([4, 0x06, 0, 30]);
+            body.extend(string(id));
+            body.extend(string(&format!("will/{id}")));
+            body.extend(string("gone"));
+            packet(0x10, &body)
+        };
+        let mut dies = Client::new(&node);
+        dies.send(&with_will("x")).unwrap();
+        dies.packet().await;
+        dies.end();
+        let (_, body) = sub.packet().await;
+        assert_eq!(&body[2..8], b"will/x");
+        let mut leaves = Client::new(&node);
+        leaves.send(&with_will("y")).unwrap();
+        leaves.packet().await;
+        assert_eq!(leaves.send(&[0xE0, 0]), Err(Disconnect::ClientClosed));
+        leaves.end();
+        sub.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn bad_input_and_refusals() {
+        let node = node();
+        let mut early = Client::new(&node);
+        assert_eq!(
+            early.send(&[0xC0, 0]),
+            Err(Disconnect::ProtocolError),
+            "PINGREQ before CONNECT"
+        );
+        let mut old = Client::new(&node);
+        let mut body = string("MQIsdp");
+        body.extend([3, 0x02, 0, 30]);
+        body.extend(string("c"));
+        assert!(old.send(&packet(0x10, &body)).is_err());
+        assert_eq!(
+            old.packet().await,
+            (0x20, vec![0, 1]),
+            "3.1: unacceptable version"
+        );
+        let mut v5 = connected(&node, 5).await;
+        v5.send(&subscribe(5, 4, "$share/g/t", 1)).unwrap();
+        assert_eq!(v5.packet().await, (0x90, vec![0, 4, 0, 0x9E]));
+        v5.send(&subscribe(5, 5, "a/#/b", 1)).unwrap();
+        assert_eq!(v5.packet().await, (0x90, vec![0, 5, 0, 0x8F]));
+        v5.send(&[0xC0, 0]).unwrap();
+        assert_eq!(v5.packet().await, (0xD0, vec![]));
+    }
+
+    #[tokio::test]
+    async fn a_leading_wildcard_does_not_match_dollar_topics() {
+        let node = node();
+        let mut sub = connected(&node, 4).await;
+        sub.send(&subscribe(4, 1, "#", 0)).unwrap();
+        sub.packet().await;
+        let mut publisher = connected(&node, 4).await;
+        publisher
+            .send(&publish(4, 0, false, "$x/y", 0, b"1"))
+            .unwrap();
+        publisher.send(&publish(4, 0, false, "x", 0, b"2")).unwrap();
+        assert_eq!(sub.packet().await, (0x30, vec![0, 1, b'x', b'2']));
+    }
+}
