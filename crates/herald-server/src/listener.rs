@@ -3,11 +3,17 @@
 //! against `max_connections` (unauthenticated ones shed oldest first to make room), TCP_NODELAY,
 //! a deadline on the request headers (slowloris), and graceful shutdown of plain HTTP
 //! connections. WebSocket connections leave hyper when upgraded; `Node::sessions` tracks those.
+//!
+//! A protocol on a TCP port of its own (MQTT, STOMP) is served by [`serve_stream`]: the same
+//! admission (per-IP limits, the same `max_connections` count as the HTTP port's sockets),
+//! then a session of the protocol on the plain or TLS byte stream, no HTTP before it.
 
-use crate::limits::{SocketHandle, Sockets};
-use crate::metrics::Reason;
+use crate::connection::Framing;
+use crate::limits::{IpGuard, Socket, SocketHandle};
+use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
-use crate::socket::{Guarded, Held};
+use crate::session::{self, Protocol, Transport};
+use crate::socket::{self, Guarded, Held};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -19,7 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -57,54 +63,22 @@ pub async fn serve(
     }
     let (stop, stopping) = watch::channel(false);
     let connections = TaskTracker::new();
-    let sockets = Sockets::new(
-        node.config.max_connections,
-        &node.config.limits,
-        node.auth.is_some(),
-        node.metrics.clone(),
-    );
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, typically: back off rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = next(&listener) => accepted,
         };
-        let refused = |reason| {
-            node.metrics
-                .connections_refused
-                .get_or_create(&Reason { reason })
-                .inc();
-        };
-        let guard = match node.ip_limits.admit(peer.ip(), Instant::now()) {
-            Ok(guard) => guard,
+        let (guard, socket) = match admit(&node, &tcp, peer) {
+            Ok(admitted) => admitted,
             Err(refusal) => {
-                refused(refusal.label());
-                continue; // dropping the socket closes it
-            }
-        };
-        let socket = match sockets.admit(peer.ip(), node.ip_limits.is_exempt(peer.ip())) {
-            Ok(socket) => socket,
-            Err(_) => {
-                refused("max_connections");
-                if node.tls.is_none() {
+                if refusal == "max_connections" && node.tls.is_none() {
                     // Best effort, without waiting: the socket closes either way.
                     let _ = tcp.try_write(FULL);
                 }
-                continue;
+                continue; // dropping the socket closes it
             }
         };
-        // No Nagle: a small message must leave now, not wait for the previous one's ACK.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
         let handle = socket.handle();
         let service = WithSocket {
             inner: TowerToHyperService::new(router.clone()),
@@ -142,6 +116,110 @@ pub async fn serve(
     connections.close();
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, connections.wait()).await;
+}
+
+/// The next connection `listener` accepts; a failure (out of file descriptors, typically)
+/// backs off rather than spin.
+async fn next(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Admits an accepted socket, and sets TCP_NODELAY on it: its place in its IP's count and
+/// among the server's sockets; or why not (the per-IP limits, `max_connections`), counted in
+/// `connections_refused`.
+fn admit(
+    node: &Node,
+    tcp: &TcpStream,
+    peer: SocketAddr,
+) -> Result<(IpGuard, Socket), &'static str> {
+    let refused = |reason| {
+        node.metrics
+            .connections_refused
+            .get_or_create(&Reason { reason })
+            .inc();
+    };
+    let guard = match node.ip_limits.admit(peer.ip(), Instant::now()) {
+        Ok(guard) => guard,
+        Err(refusal) => {
+            refused(refusal.label());
+            return Err(refusal.label());
+        }
+    };
+    let Ok(socket) = node
+        .sockets
+        .admit(peer.ip(), node.ip_limits.is_exempt(peer.ip()))
+    else {
+        refused("max_connections");
+        return Err("max_connections");
+    };
+    // No Nagle: a small message must leave now, not wait for the previous one's ACK.
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    Ok((guard, socket))
+}
+
+/// Serves a protocol of its own port (MQTT, STOMP) on `listener` until `shutdown` completes:
+/// each connection admitted as the HTTP port admits one (and counted with its sockets), over
+/// TLS when the server has it, then a session of `protocol(&node)` on the byte stream. The
+/// sessions are tracked in `Node::sessions`, so shutdown closes them and waits for them as
+/// for WebSocket sessions.
+pub async fn serve_stream<P, F>(
+    listener: TcpListener,
+    node: Arc<Node>,
+    protocol: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    P: Protocol,
+    F: Fn(&Node) -> P,
+{
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = next(&listener) => accepted,
+        };
+        let Ok((guard, socket)) = admit(&node, &tcp, peer) else {
+            continue; // dropping the socket closes it
+        };
+        let handle = socket.handle();
+        let held = Held::new(guard, socket);
+        let protocol = protocol(&node);
+        let tls = node.tls.as_ref().map(|tls| tls.acceptor());
+        node.metrics.connections.inc();
+        node.metrics.connections_total.inc();
+        let node = node.clone();
+        node.clone().sessions.spawn(async move {
+            let (read, write) = match tls {
+                None => socket::split_tcp(tcp, held),
+                Some(acceptor) => {
+                    let timeout = node.config.limits.handshake_timeout();
+                    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => socket::split_boxed(tls, held),
+                        _ => {
+                            tracing::debug!("TLS handshake failed or timed out");
+                            node.metrics.disconnected(Disconnect::IoError);
+                            return;
+                        }
+                    }
+                }
+            };
+            let transport = Transport {
+                read,
+                write,
+                framing: Framing::Stream,
+            };
+            session::run(node, transport, Some(handle), None, protocol).await
+        });
+    }
 }
 
 /// The answer to a socket refused at `max_connections`.

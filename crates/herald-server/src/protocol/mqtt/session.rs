@@ -18,7 +18,6 @@ use super::packet::{self, Connect, Decoder, Limits, Packet, Reply as Refusal, Re
 use super::retained::{Retained, RetainedStore};
 use super::topic::{parse_subscription, to_herald_patterns, to_herald_topic};
 use super::{QoS, ReasonCode, Version};
-use crate::auth::Admit;
 use crate::connection::Codec;
 use crate::metrics::Disconnect;
 use crate::node::Node;
@@ -57,7 +56,6 @@ pub struct Mqtt {
 /// What a CONNECT settled.
 struct Connected {
     version: Version,
-    keep_alive: Duration,
     will: Option<packet::Will>,
     /// The client said DISCONNECT (without asking for its will): the will is not published.
     clean_end: bool,
@@ -198,9 +196,13 @@ impl Mqtt {
             cx,
             encode::connack(version, false, ReasonCode::Success, &props),
         );
+        // §3.1.2.10: one and a half times the keep-alive with nothing received ends it.
+        cx.set_keepalive(Keepalive {
+            ping: None,
+            idle: Duration::from_millis(u64::from(c.keep_alive) * 1500),
+        });
         self.connect = Some(Connected {
             version,
-            keep_alive: Duration::from_millis(u64::from(c.keep_alive) * 1500),
             will: c.will,
             clean_end: false,
             receive_maximum: c.receive_maximum.max(1),
@@ -342,7 +344,7 @@ impl Mqtt {
                             policy: Some(Policy::Lossless),
                             ..Subscribe::default()
                         });
-                        matches!(cx.access.admit(&probe), Admit::Pass)
+                        cx.admits(&probe)
                     })
             };
             let qos = if lossless {
@@ -523,12 +525,13 @@ impl Protocol for Mqtt {
         self.encoder.clone()
     }
 
+    /// Until CONNECT: the time the client has to send it (the CONNECT sets the client's own
+    /// keep-alive).
     fn keepalive(&self) -> Keepalive {
-        let idle = self
-            .connect
-            .as_ref()
-            .map_or(CONNECT_TIMEOUT, |c| c.keep_alive);
-        Keepalive { ping: None, idle }
+        Keepalive {
+            ping: None,
+            idle: CONNECT_TIMEOUT,
+        }
     }
 
     fn input(&mut self, cx: &mut Context<'_>, input: Input) -> Result<(), Disconnect> {
@@ -581,7 +584,7 @@ impl Protocol for Mqtt {
             stamp: false,
         };
         let request = Request::Publish(publish);
-        if !matches!(cx.access.admit(&request), Admit::Pass) {
+        if !cx.admits(&request) {
             return;
         }
         if will.retain {
@@ -600,97 +603,44 @@ impl Protocol for Mqtt {
 
 #[cfg(test)]
 mod tests {
-    //! The session and its encoder against a real node and engine, without a transport: the
-    //! tests carry out requests as the session driver does and read what the connection writes.
+    //! The session and its encoder on herald's MQTT listener, over real sockets: packets are
+    //! written by hand, so that each test says exactly what the client sends.
     use super::*;
-    use crate::auth::Access;
     use crate::config::Config;
-    use crate::connection::{Connection, QueueLimits};
-    use crate::flush::Pending;
+    use crate::listener;
     use crate::protocol::mqtt::wire::read_varint;
-    use herald_core::engine::{ConnId, Outbox};
-    use tokio::io::{AsyncReadExt, DuplexStream};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     struct Client {
-        node: Arc<Node>,
-        conn: Arc<Connection>,
-        id: ConnId,
-        access: Access,
-        mqtt: Mqtt,
-        rx: DuplexStream,
+        io: TcpStream,
         got: BytesMut,
     }
 
     impl Client {
-        fn new(node: &Arc<Node>) -> Client {
-            let mqtt = Mqtt::new(node, Transport::Stream);
-            let conn = Connection::speaking(
-                mqtt.codec(),
-                QueueLimits::both(1 << 20),
-                node.metrics.clone(),
-            );
-            let id = node.engine.lock().connect(conn.clone());
-            let (tx, rx) = tokio::io::duplex(1 << 20);
-            let writer = conn.clone();
-            tokio::spawn(async move { writer.run_writer(tx, Duration::from_secs(1)).await });
+        async fn new(node: &Arc<Node>) -> Client {
+            let addr = node.config.mqtt_listen.expect("the test node listens");
             Client {
-                node: node.clone(),
-                conn,
-                id,
-                access: Access::new(None, Duration::from_secs(10)),
-                mqtt,
-                rx,
+                io: TcpStream::connect(addr).await.unwrap(),
                 got: BytesMut::new(),
             }
         }
 
-        /// Hands the session `bytes` and carries out what it asks for.
-        fn send(&mut self, bytes: &[u8]) -> Result<(), Disconnect> {
-            let mut cx = Context {
-                node: &self.node,
-                id: self.id,
-                conn: &self.conn,
-                access: &mut self.access,
-                socket: None,
-                requests: Vec::new(),
-                now_us: 0,
-            };
-            let result = self
-                .mqtt
-                .input(&mut cx, Input::Bytes(Bytes::copy_from_slice(bytes)));
-            let requests = std::mem::take(&mut cx.requests);
-            self.carry_out(requests);
-            result
+        async fn send(&mut self, bytes: &[u8]) {
+            self.io.write_all(bytes).await.unwrap();
         }
 
-        fn end(&mut self) {
-            let mut cx = Context {
-                node: &self.node,
-                id: self.id,
-                conn: &self.conn,
-                access: &mut self.access,
-                socket: None,
-                requests: Vec::new(),
-                now_us: 0,
-            };
-            self.mqtt.ended(&mut cx, Disconnect::IoError);
-            let requests = std::mem::take(&mut cx.requests);
-            self.carry_out(requests);
-            self.node.disconnect(self.id);
-        }
+        /// Ends the connection without DISCONNECT.
+        fn end(self) {}
 
-        fn carry_out(&mut self, requests: Vec<Request>) {
-            let mut pending = Pending::default();
-            for request in requests {
-                match self.access.admit(&request) {
-                    Admit::Pass => {
-                        let outcome = self.node.handle_now(self.id, request, &mut pending, 0);
-                        assert!(outcome.is_ok(), "nothing waits in these tests");
-                    }
-                    Admit::Reply(reply) | Admit::Close(reply) => self.conn.reply(&reply),
-                }
-            }
-            pending.flush();
+        async fn read_more(&mut self) -> usize {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(2), self.io.read(&mut chunk))
+                .await
+                .expect("an answer within 2 s")
+                .unwrap_or(0);
+            self.got.extend_from_slice(&chunk[..n]);
+            n
         }
 
         /// The next packet the server sent: its first byte and the rest after the length.
@@ -705,20 +655,19 @@ mod tests {
                         }
                     }
                 }
-                let mut chunk = [0u8; 4096];
-                let n = tokio::time::timeout(Duration::from_secs(2), self.rx.read(&mut chunk))
-                    .await
-                    .expect("a packet within 2 s")
-                    .unwrap();
-                assert!(n > 0, "the connection ended");
-                self.got.extend_from_slice(&chunk[..n]);
+                assert!(self.read_more().await > 0, "the connection ended");
             }
+        }
+
+        /// The server closes the connection, after what it sent (left in `got`).
+        async fn closed(&mut self) {
+            while self.read_more().await > 0 {}
         }
 
         /// Nothing more arrives for a moment.
         async fn quiet(&mut self) {
             let mut chunk = [0u8; 64];
-            let read = tokio::time::timeout(Duration::from_millis(200), self.rx.read(&mut chunk));
+            let read = tokio::time::timeout(Duration::from_millis(200), self.io.read(&mut chunk));
             assert!(
                 read.await.is_err() && self.got.is_empty(),
                 "unexpected bytes"
@@ -726,8 +675,20 @@ mod tests {
         }
     }
 
-    fn node() -> Arc<Node> {
-        Node::new(Config::default()).unwrap()
+    /// A node serving MQTT on a port of its own, until the test ends.
+    async fn node() -> Arc<Node> {
+        let tcp = listener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let config = Config {
+            mqtt_listen: Some(tcp.local_addr().unwrap()),
+            ..Config::default()
+        };
+        let node = Node::new(config).unwrap();
+        let serving = node.clone();
+        tokio::spawn(async move {
+            let mqtt = |node: &Node| Mqtt::new(node, Transport::Stream);
+            listener::serve_stream(tcp, serving, mqtt, std::future::pending()).await
+        });
+        node
     }
 
     fn string(s: &str) -> Vec<u8> {
@@ -777,8 +738,8 @@ mod tests {
     }
 
     async fn connected(node: &Arc<Node>, level: u8) -> Client {
-        let mut c = Client::new(node);
-        c.send(&connect(level, "c")).unwrap();
+        let mut c = Client::new(node).await;
+        c.send(&connect(level, "c")).await;
         let (first, body) = c.packet().await;
         assert_eq!(first, 0x20);
         assert_eq!(body[1], 0, "accepted");
@@ -787,43 +748,43 @@ mod tests {
 
     #[tokio::test]
     async fn qos1_both_ways_with_the_puback_after_herald_accepted() {
-        let node = node();
+        let node = node().await;
         let mut sub = connected(&node, 4).await;
-        sub.send(&subscribe(4, 7, "a/#", 1)).unwrap();
+        sub.send(&subscribe(4, 7, "a/#", 1)).await;
         assert_eq!(sub.packet().await, (0x90, vec![0, 7, 1]), "granted QoS 1");
         let mut publisher = connected(&node, 5).await;
         publisher
             .send(&publish(5, 1, false, "a/b", 3, b"\x00\xffbin"))
-            .unwrap();
+            .await;
         assert_eq!(publisher.packet().await, (0x40, vec![0, 3]), "PUBACK");
         let (first, body) = sub.packet().await;
         assert_eq!(first, 0x32, "QoS 1, no retain");
         assert_eq!(&body[..5], &[0, 3, b'a', b'/', b'b']);
         let packet_id = u16::from_be_bytes([body[5], body[6]]);
         assert_eq!(&body[7..], b"\x00\xffbin");
-        sub.send(&packet(0x40, &packet_id.to_be_bytes())).unwrap();
+        sub.send(&packet(0x40, &packet_id.to_be_bytes())).await;
         // `a/#` also matches `a`; the message goes at the subscription's QoS, as herald does
         // not record the publisher's.
-        publisher.send(&publish(5, 0, false, "a", 0, b"x")).unwrap();
+        publisher.send(&publish(5, 0, false, "a", 0, b"x")).await;
         let (first, body) = sub.packet().await;
         assert_eq!((first, &body[..3]), (0x32, &[0, 1, b'a'][..]));
     }
 
     #[tokio::test]
     async fn qos2_from_a_publisher_is_published_exactly_once() {
-        let node = node();
+        let node = node().await;
         let mut sub = connected(&node, 4).await;
-        sub.send(&subscribe(4, 1, "t", 0)).unwrap();
+        sub.send(&subscribe(4, 1, "t", 0)).await;
         assert_eq!(sub.packet().await, (0x90, vec![0, 1, 0]));
         let mut publisher = connected(&node, 4).await;
         let once = publish(4, 2, false, "t", 9, b"m");
-        publisher.send(&once).unwrap();
+        publisher.send(&once).await;
         assert_eq!(publisher.packet().await, (0x50, vec![0, 9]), "PUBREC");
         let mut dup = once.clone();
         dup[0] |= 0x08;
-        publisher.send(&dup).unwrap();
+        publisher.send(&dup).await;
         assert_eq!(publisher.packet().await, (0x50, vec![0, 9]), "PUBREC again");
-        publisher.send(&packet(0x62, &[0, 9])).unwrap();
+        publisher.send(&packet(0x62, &[0, 9])).await;
         assert_eq!(publisher.packet().await, (0x70, vec![0, 9]), "PUBCOMP");
         assert_eq!(sub.packet().await, (0x30, vec![0, 1, b't', b'm']));
         sub.quiet().await;
@@ -831,17 +792,17 @@ mod tests {
 
     #[tokio::test]
     async fn retained_messages_follow_the_suback_and_an_empty_one_clears() {
-        let node = node();
+        let node = node().await;
         let mut publisher = connected(&node, 5).await;
         publisher
             .send(&publish(5, 1, true, "r/1", 1, b"kept"))
-            .unwrap();
+            .await;
         assert_eq!(publisher.packet().await.0, 0x40);
         publisher
             .send(&publish(5, 0, false, "r/1", 0, b"not"))
-            .unwrap();
+            .await;
         let mut sub = connected(&node, 4).await;
-        sub.send(&subscribe(4, 2, "r/+", 0)).unwrap();
+        sub.send(&subscribe(4, 2, "r/+", 0)).await;
         assert_eq!(sub.packet().await, (0x90, vec![0, 2, 0]));
         let (first, body) = sub.packet().await;
         assert_eq!(first, 0x31, "retain flag set");
@@ -850,20 +811,20 @@ mod tests {
             b"kept",
             "the retained message, not the last one"
         );
-        publisher.send(&publish(5, 1, true, "r/1", 2, b"")).unwrap();
+        publisher.send(&publish(5, 1, true, "r/1", 2, b"")).await;
         assert_eq!(publisher.packet().await.0, 0x40);
         assert_eq!(sub.packet().await, (0x30, vec![0, 3, b'r', b'/', b'1']));
         let mut late = connected(&node, 4).await;
-        late.send(&subscribe(4, 3, "r/#", 0)).unwrap();
+        late.send(&subscribe(4, 3, "r/#", 0)).await;
         assert_eq!(late.packet().await, (0x90, vec![0, 3, 0]));
         late.quiet().await;
     }
 
     #[tokio::test]
     async fn the_will_is_published_unless_the_client_disconnects_cleanly() {
-        let node = node();
+        let node = node().await;
         let mut sub = connected(&node, 4).await;
-        sub.send(&subscribe(4, 1, "will/#", 0)).unwrap();
+        sub.send(&subscribe(4, 1, "will/#", 0)).await;
         sub.packet().await;
         let with_will = |id: &str| {
             let mut body = string("MQTT");
@@ -873,59 +834,62 @@ mod tests {
             body.extend(string("gone"));
             packet(0x10, &body)
         };
-        let mut dies = Client::new(&node);
-        dies.send(&with_will("x")).unwrap();
+        let mut dies = Client::new(&node).await;
+        dies.send(&with_will("x")).await;
         dies.packet().await;
         dies.end();
         let (_, body) = sub.packet().await;
         assert_eq!(&body[2..8], b"will/x");
-        let mut leaves = Client::new(&node);
-        leaves.send(&with_will("y")).unwrap();
+        let mut leaves = Client::new(&node).await;
+        leaves.send(&with_will("y")).await;
         leaves.packet().await;
-        assert_eq!(leaves.send(&[0xE0, 0]), Err(Disconnect::ClientClosed));
-        leaves.end();
+        leaves.send(&[0xE0, 0]).await;
+        leaves.closed().await;
         sub.quiet().await;
     }
 
     #[tokio::test]
     async fn bad_input_and_refusals() {
-        let node = node();
-        let mut early = Client::new(&node);
-        assert_eq!(
-            early.send(&[0xC0, 0]),
-            Err(Disconnect::ProtocolError),
-            "PINGREQ before CONNECT"
+        let node = node().await;
+        let mut early = Client::new(&node).await;
+        early.send(&[0xC0, 0]).await;
+        early.closed().await;
+        assert!(
+            early.got.is_empty(),
+            "PINGREQ before CONNECT: closed without a word"
         );
-        let mut old = Client::new(&node);
+        let mut old = Client::new(&node).await;
         let mut body = string("MQIsdp");
         body.extend([3, 0x02, 0, 30]);
         body.extend(string("c"));
-        assert!(old.send(&packet(0x10, &body)).is_err());
+        old.send(&packet(0x10, &body)).await;
         assert_eq!(
             old.packet().await,
             (0x20, vec![0, 1]),
             "3.1: unacceptable version"
         );
+        old.closed().await;
+        let mut bad = connected(&node, 4).await;
+        bad.send(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]).await;
+        bad.closed().await;
         let mut v5 = connected(&node, 5).await;
-        v5.send(&subscribe(5, 4, "$share/g/t", 1)).unwrap();
+        v5.send(&subscribe(5, 4, "$share/g/t", 1)).await;
         assert_eq!(v5.packet().await, (0x90, vec![0, 4, 0, 0x9E]));
-        v5.send(&subscribe(5, 5, "a/#/b", 1)).unwrap();
+        v5.send(&subscribe(5, 5, "a/#/b", 1)).await;
         assert_eq!(v5.packet().await, (0x90, vec![0, 5, 0, 0x8F]));
-        v5.send(&[0xC0, 0]).unwrap();
+        v5.send(&[0xC0, 0]).await;
         assert_eq!(v5.packet().await, (0xD0, vec![]));
     }
 
     #[tokio::test]
     async fn a_leading_wildcard_does_not_match_dollar_topics() {
-        let node = node();
+        let node = node().await;
         let mut sub = connected(&node, 4).await;
-        sub.send(&subscribe(4, 1, "#", 0)).unwrap();
+        sub.send(&subscribe(4, 1, "#", 0)).await;
         sub.packet().await;
         let mut publisher = connected(&node, 4).await;
-        publisher
-            .send(&publish(4, 0, false, "$x/y", 0, b"1"))
-            .unwrap();
-        publisher.send(&publish(4, 0, false, "x", 0, b"2")).unwrap();
+        publisher.send(&publish(4, 0, false, "$x/y", 0, b"1")).await;
+        publisher.send(&publish(4, 0, false, "x", 0, b"2")).await;
         assert_eq!(sub.packet().await, (0x30, vec![0, 1, b'x', b'2']));
     }
 }
