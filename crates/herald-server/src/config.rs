@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 pub struct Config {
     /// Address the HTTP and WebSocket listener binds to.
     pub listen: SocketAddr,
+    /// Address of the plain MQTT listener (TCP, or TLS with `[tls]`), e.g. `127.0.0.1:1883`;
+    /// absent: none (MQTT over WebSocket is always served at `/mqtt`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mqtt_listen: Option<SocketAddr>,
     /// Largest message payload accepted, over WebSocket or HTTP (bytes).
     pub max_message_bytes: usize,
     /// Most bytes queued for one connection before it is disconnected as a slow consumer.
@@ -80,6 +84,7 @@ impl Default for Config {
         let engine = EngineConfig::default();
         Config {
             listen: ([127, 0, 0, 1], 8080).into(),
+            mqtt_listen: None,
             max_message_bytes: engine.max_message_bytes,
             max_outbound_bytes: 16 << 20,
             max_recovery_bytes: 256 << 20,
@@ -108,6 +113,7 @@ impl Default for Config {
 /// `HERALD_TOKEN`) are not mistaken for server settings.
 const ENV_KEYS: &[&str] = &[
     "listen",
+    "mqtt_listen",
     "max_message_bytes",
     "max_outbound_bytes",
     "max_recovery_bytes",
@@ -370,9 +376,12 @@ mod tests {
             )?;
             jail.set_env("HERALD_MAX_CONNECTIONS", "6");
             jail.set_env("HERALD_URL", "ws://ignored");
+            jail.set_env("HERALD_MQTT_LISTEN", "127.0.0.1:1883");
             let flags = serde_json::json!({ "listen": "127.0.0.1:9001" });
             let c = Config::load(Some(Path::new("herald.toml")), flags).unwrap();
             assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
+            assert_eq!(c.mqtt_listen, Some("127.0.0.1:1883".parse().unwrap()));
+            assert_eq!(Config::default().mqtt_listen, None);
             assert_eq!(c.max_connections, 6);
             assert_eq!(c.max_outbound_bytes, 1000);
             assert!(c.transparent_huge_pages && !Config::default().transparent_huge_pages);

@@ -2,7 +2,7 @@
 //!
 //! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
-//! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`http`]: the routes — `/ws`, `/mqtt`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
 //! - [`refusal`]: how an HTTP route refuses a request; the admin check.
 //! - [`session`]: what every connection needs whatever its protocol, and the [`session::Protocol`]
 //!   trait a protocol implements.
@@ -67,6 +67,8 @@ use tokio::net::TcpListener;
 
 pub struct Server {
     listener: TcpListener,
+    /// The plain MQTT listener, when `mqtt_listen` is set.
+    mqtt: Option<TcpListener>,
     node: Arc<Node>,
 }
 
@@ -78,6 +80,12 @@ impl Server {
                 config.listen
             )
         })?;
+        let mqtt = match config.mqtt_listen {
+            Some(addr) => Some(listener::bind(addr).with_context(|| {
+                format!("cannot listen for MQTT on {addr}; is another process using it? (change it with --mqtt-listen)")
+            })?),
+            None => None,
+        };
         let node = Node::new(config)?;
         if let Some(auth) = &node.auth {
             // Start with the keys if the URL answers; the refresher retries if it does not.
@@ -87,13 +95,22 @@ impl Server {
             auth.spawn_jwks_refresh();
         }
         node.start_broker().await?;
-        Ok(Server { listener, node })
+        Ok(Server {
+            listener,
+            mqtt,
+            node,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// Where the plain MQTT listener listens, if it does.
+    pub fn mqtt_addr(&self) -> Option<SocketAddr> {
+        self.mqtt.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -111,6 +128,18 @@ impl Server {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }
         let sweeper = tokio::spawn(Node::sweep(Arc::downgrade(&node)));
+        // Both listeners stop accepting at shutdown.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mqtt = self.mqtt.map(|tcp| {
+            tracing::info!(mqtt_listen = %tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(), "herald serving MQTT");
+            let mut stopped = stopped.clone();
+            let mqtt = |node: &Node| {
+                protocol::mqtt::session::Mqtt::new(node, protocol::mqtt::codec::Transport::Stream)
+            };
+            tokio::spawn(listener::serve_stream(tcp, node.clone(), mqtt, async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }))
+        });
         let closing = node.clone();
         listener::serve(
             self.listener,
@@ -119,11 +148,15 @@ impl Server {
             async move {
                 shutdown.await;
                 tracing::info!("shutting down: closing connections");
+                let _ = stop.send(true);
                 closing.close_all();
             },
         )
         .await;
         sweeper.abort();
+        if let Some(mqtt) = mqtt {
+            let _ = mqtt.await;
+        }
         node.sessions.close();
         let grace = Duration::from_secs(node.config.shutdown_grace_secs + 1);
         if tokio::time::timeout(grace, node.sessions.wait())

@@ -9,6 +9,7 @@ use crate::connection::Connection;
 use crate::flush::Pending;
 use crate::limits::{IpLimits, Sockets};
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
+use crate::protocol::mqtt::retained::RetainedStore;
 use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Origin, Published};
 use herald_core::request::{ProtocolError, Publish, Request};
@@ -48,6 +49,8 @@ pub struct Node {
     holds: Mutex<HashMap<ConnId, HoldMeter>>,
     /// Token subjects by the [`Origin`] their publishes are charged to.
     origins: Mutex<HashMap<Box<str>, Origin>>,
+    /// MQTT's retained messages (see [`RetainedStore`] for why they are kept apart).
+    pub mqtt_retained: Arc<RetainedStore>,
 }
 
 /// The sweep ([`Node::sweep`]) goes through every topic once per cycle, a slice of at most
@@ -100,6 +103,7 @@ impl Node {
             tls: Tls::from_config(&config.tls)?,
             holds: Mutex::default(),
             origins: Mutex::default(),
+            mqtt_retained: Arc::new(RetainedStore::new(config.max_topics)),
             config,
         }))
     }

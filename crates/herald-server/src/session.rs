@@ -154,6 +154,13 @@ impl Context<'_> {
         Ok(exp)
     }
 
+    /// Whether the connection's token grants `request`, without asking for it: for a protocol
+    /// that chooses between forms of a request (MQTT: a subscription `lossless` or not) or acts
+    /// on one itself (MQTT: a will's retained message).
+    pub fn admits(&mut self, request: &Request) -> bool {
+        matches!(self.access.admit(request), Admit::Pass)
+    }
+
     /// Whether the connection has presented a valid token (always, with auth off).
     pub fn is_authenticated(&self) -> bool {
         self.access.is_authenticated()

@@ -2,13 +2,15 @@
 //! runs: the upgrade itself, the origin check, the token the request presents.
 //!
 //! fastwebsockets answers the handshake; the session that follows is [`crate::session`]'s,
-//! with herald's own protocol ([`crate::protocol::native`]) on `/ws`.
+//! with herald's own protocol ([`crate::protocol::native`]) on `/ws`, and MQTT
+//! ([`crate::protocol::mqtt::session`]) on `/mqtt`.
 
 use crate::auth;
 use crate::connection::Framing;
 use crate::limits::SocketHandle;
 use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
+use crate::protocol::mqtt::{self, session::Mqtt};
 use crate::protocol::native::Native;
 use crate::session::{self, Transport};
 use axum::body::Body;
@@ -28,6 +30,43 @@ pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Respons
         };
         session::run(node, transport, socket, token, native)
     })
+}
+
+/// MQTT over WebSocket (`/mqtt`): the subprotocol `mqtt`, or `mqttv3.1` for clients that
+/// ask for that, echoed in the response as RFC 6455 requires.
+pub async fn upgrade_mqtt(State(node): State<Arc<Node>>, request: Request) -> Response {
+    let offered = request
+        .headers()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect::<Vec<_>>();
+    let chosen = ["mqtt", "mqttv3.1"]
+        .into_iter()
+        .find(|p| offered.iter().any(|o| o.eq_ignore_ascii_case(p)));
+    if chosen.is_none() && !offered.is_empty() {
+        let msg = "this endpoint speaks MQTT over WebSocket: ask for the subprotocol \"mqtt\"\n";
+        return (StatusCode::BAD_REQUEST, msg).into_response();
+    }
+    let socket = request.extensions().get::<SocketHandle>().cloned();
+    let mut response = accept(node, request, move |node, read, write, token| {
+        let mqtt = Mqtt::new(&node, mqtt::codec::Transport::WebSocket);
+        let transport = Transport {
+            read,
+            write,
+            framing: Framing::WebSocket,
+        };
+        session::run(node, transport, socket, token, mqtt)
+    });
+    if let (Some(chosen), StatusCode::SWITCHING_PROTOCOLS) = (chosen, response.status()) {
+        response.headers_mut().insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            header::HeaderValue::from_static(chosen),
+        );
+    }
+    response
 }
 
 /// The two halves of an upgraded connection.

@@ -29,6 +29,11 @@ struct Overrides {
     #[arg(long, short)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
+    /// Serve MQTT over plain TCP (TLS with --tls-cert-file) on this address, e.g.
+    /// 127.0.0.1:1883 [default: none]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mqtt_listen: Option<SocketAddr>,
     /// Largest message payload accepted, in bytes [default: 67108864]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

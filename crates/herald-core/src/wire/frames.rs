@@ -66,7 +66,8 @@ pub fn encode_binary(payload: Bytes) -> Frame {
     }
 }
 
-/// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2).
+/// The header of a final, unmasked WebSocket frame (RFC 6455 §5.2): also for protocols that
+/// carry their own packets in binary messages and put a header before bytes they share.
 pub fn ws_header(op: OpCode, len: usize) -> Vec<u8> {
     let mut h = Vec::with_capacity(10);
     put_frame_head(&mut h, 0x80 | op as u8, 0, len);

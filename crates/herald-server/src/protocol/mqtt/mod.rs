@@ -1,5 +1,6 @@
-//! MQTT 3.1.1 and 5.0: the packet codec and the mapping between MQTT topic names and filters
-//! and herald's topics and patterns. Pure: no sockets, no sessions, no clock.
+//! MQTT 3.1.1 and 5.0: the packet codec, the mapping between MQTT topic names and filters
+//! and herald's topics and patterns, and the MQTT session on herald's protocol seam. All but
+//! [`session`] and [`codec`] are pure: no sockets, no sessions, no clock.
 //!
 //! The codec is written by hand because it is on herald's core path: one PUBLISH encoding
 //! (a head and the shared payload) serves every subscriber of a version, and the server must
@@ -11,10 +12,16 @@
 //! - [`packet`]: the packets a client sends, and the streaming [`packet::Decoder`].
 //! - [`encode`]: what the server sends, with [`encode::Prepared`] for PUBLISH fan-out.
 //! - [`topic`]: MQTT names and filters to herald topics and patterns, and MQTT's own matching.
+//! - [`retained`]: the retained messages of a node.
+//! - [`codec`]: one connection's encoding of what herald sends it.
+//! - [`session`]: an MQTT connection as a [`crate::session::Protocol`].
 
+pub mod codec;
 pub mod encode;
 pub mod packet;
 pub mod properties;
+pub mod retained;
+pub mod session;
 pub mod topic;
 pub mod wire;
 

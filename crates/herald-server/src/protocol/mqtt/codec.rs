@@ -1,0 +1,735 @@
+//! One MQTT connection's [`Encode`]: what herald sends it, as MQTT packets.
+//!
+//! Unlike herald's own encoding, an MQTT PUBLISH depends on the connection: its QoS is the
+//! granted QoS of the subscriptions that match it, a QoS 1 PUBLISH carries the connection's
+//! next packet identifier, and a subscription's SUBACK waits for the answers to all of its
+//! herald subscribes. So each connection has its own [`Encoder`], sharing its [`Outbound`]
+//! state with the connection's session ([`super::session`]), which records subscriptions and
+//! the requests whose replies come back here.
+//!
+//! What is the same on every connection is still encoded once per message: a QoS 0 PUBLISH
+//! (the common case) is cached in the message's [`SLOT`], in all four forms a subscriber may
+//! need (3.1.1 or 5.0, each bare for a stream or behind a WebSocket header), one buffer that
+//! each connection slices its form out of.
+//!
+//! Replies are matched to their MQTT packets by request id ([`Tag`]), a number that names the
+//! packet to answer and its packet identifier.
+
+use super::encode::{self, AckKind, Delivery, Prepared, ProblemInfo};
+use super::packet::MessageProperties;
+use super::retained::{Retained, RetainedStore};
+use super::topic::{mqtt_matches, to_mqtt_topic};
+use super::wire::read_varint;
+use super::{QoS, ReasonCode, Version};
+use bytes::{BufMut, Bytes, BytesMut};
+use herald_core::codec::{Encode, Frame};
+use herald_core::message::Message;
+use herald_core::reply::{DropReason, Reply};
+use herald_core::request::{PayloadKind, RequestId};
+use herald_core::topic::matches;
+use herald_core::wire::{ws_header, OpCode};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The message cache slot MQTT's QoS 0 PUBLISH takes (herald's JSON has slot 0).
+pub const SLOT: usize = 1;
+
+/// How a connection's packets travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain TCP or TLS: packets back to back.
+    Stream,
+    /// WebSocket: each packet in a binary message of its own.
+    WebSocket,
+}
+
+impl Transport {
+    /// `packet` as this transport sends it.
+    pub fn frame(self, packet: Bytes) -> Frame {
+        match self {
+            Transport::Stream => Frame {
+                head: packet,
+                body: Bytes::new(),
+            },
+            Transport::WebSocket => herald_core::wire::encode_binary(packet),
+        }
+    }
+}
+
+/// What a request id says about the MQTT packet its reply answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    /// A PUBLISH: answered with PUBACK (QoS 1) or PUBREC (QoS 2), or not at all (QoS 0);
+    /// `retain`: the key of its retained message, kept once herald accepts the publish.
+    Publish {
+        qos: QoS,
+        packet_id: u16,
+        retain: Option<u16>,
+    },
+    /// One herald subscribe of filter `filter` of a SUBSCRIBE.
+    Subscribe { packet_id: u16, filter: u16 },
+    /// One herald unsubscribe of an UNSUBSCRIBE.
+    Unsubscribe { packet_id: u16 },
+}
+
+impl Tag {
+    pub fn id(self) -> RequestId {
+        let n: u64 = match self {
+            Tag::Publish {
+                qos,
+                packet_id,
+                retain,
+            } => {
+                let retain = retain.map_or(0, |k| u64::from(k) + 1);
+                1 << 48 | (qos as u64) << 40 | retain << 16 | u64::from(packet_id)
+            }
+            Tag::Subscribe { packet_id, filter } => {
+                2 << 48 | u64::from(filter) << 16 | u64::from(packet_id)
+            }
+            Tag::Unsubscribe { packet_id } => 3 << 48 | u64::from(packet_id),
+        };
+        RequestId::from(n)
+    }
+
+    pub fn of(id: &RequestId) -> Option<Tag> {
+        let n = id.as_u64()?;
+        let packet_id = n as u16;
+        Some(match n >> 48 {
+            1 => Tag::Publish {
+                qos: QoS::from_bits((n >> 40) as u8 & 3)?,
+                packet_id,
+                retain: match (n >> 16) as u32 & 0x1_FFFF {
+                    0 => None,
+                    k => Some((k - 1) as u16),
+                },
+            },
+            2 => Tag::Subscribe {
+                packet_id,
+                filter: (n >> 16) as u16,
+            },
+            3 => Tag::Unsubscribe { packet_id },
+            _ => return None,
+        })
+    }
+}
+
+/// One MQTT subscription of the connection.
+#[derive(Debug, Clone)]
+pub struct Sub {
+    /// The MQTT filter, as subscribed.
+    pub filter: String,
+    /// Its herald patterns.
+    pub patterns: Vec<String>,
+    /// The QoS granted (0 or 1).
+    pub qos: QoS,
+    /// Whether its herald subscriptions are `lossless` (a granted QoS 1), so that a message
+    /// sent for it spends credit that its PUBACK returns.
+    pub lossless: bool,
+}
+
+/// A SUBACK or UNSUBACK waiting for the replies to its herald requests.
+#[derive(Debug)]
+struct PendingAck {
+    codes: Vec<ReasonCode>,
+    outstanding: usize,
+    /// SUBACK: per filter, the subscription it asks for and whether its retained messages go
+    /// out once it is granted (`None`: refused before herald was asked).
+    subs: Vec<Option<(Sub, bool)>>,
+}
+
+/// A connection's MQTT state the session and its encoder share.
+#[derive(Debug)]
+pub struct Outbound {
+    pub version: Version,
+    /// The largest packet the client accepts.
+    pub maximum_packet_size: u32,
+    /// Whether 5.0 reason strings may go with errors.
+    pub problem_info: bool,
+    pub subs: Vec<Sub>,
+    next_packet_id: u16,
+    /// QoS 1 PUBLISH packets sent and not yet acknowledged: the herald pattern whose credit
+    /// the acknowledgement returns (none for a retained message sent on subscribe).
+    in_flight: HashMap<u16, Option<Arc<str>>>,
+    subacks: HashMap<u16, PendingAck>,
+    unsubacks: HashMap<u16, PendingAck>,
+    /// Retained messages published and not yet accepted by herald, by key.
+    retaining: HashMap<u16, (String, Retained)>,
+    next_retain_key: u16,
+    /// QoS 2 PUBLISH packets received whose PUBREL has not come (§4.3.3): a PUBLISH with one
+    /// of these identifiers is a duplicate, not published again.
+    pub awaiting_release: std::collections::HashSet<u16>,
+}
+
+impl Default for Outbound {
+    fn default() -> Self {
+        Outbound {
+            version: Version::V311,
+            maximum_packet_size: u32::MAX,
+            problem_info: true,
+            subs: Vec::new(),
+            next_packet_id: 0,
+            in_flight: HashMap::new(),
+            subacks: HashMap::new(),
+            unsubacks: HashMap::new(),
+            retaining: HashMap::new(),
+            next_retain_key: 0,
+            awaiting_release: Default::default(),
+        }
+    }
+}
+
+impl Outbound {
+    /// A packet identifier not in use by an unacknowledged QoS 1 PUBLISH, recorded as in use.
+    /// `None` when all 65,535 are (the client acknowledges nothing).
+    fn packet_id(&mut self, credit: Option<Arc<str>>) -> Option<u16> {
+        for _ in 0..u16::MAX {
+            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
+            let id = self.next_packet_id;
+            if let std::collections::hash_map::Entry::Vacant(e) = self.in_flight.entry(id) {
+                e.insert(credit);
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// The client acknowledged QoS 1 PUBLISH `packet_id`: the herald pattern to return a
+    /// message of credit to, if any.
+    pub fn acknowledged(&mut self, packet_id: u16) -> Option<Arc<str>> {
+        self.in_flight.remove(&packet_id).flatten()
+    }
+
+    /// Keeps a retained message until herald accepts its publish; the key for its [`Tag`].
+    pub fn retain(&mut self, topic: String, message: Retained) -> u16 {
+        let key = self.next_retain_key;
+        self.next_retain_key = self.next_retain_key.wrapping_add(1);
+        self.retaining.insert(key, (topic, message));
+        key
+    }
+
+    /// Waits for `outstanding` replies before sending SUBACK `packet_id`.
+    pub fn expect_suback(
+        &mut self,
+        packet_id: u16,
+        codes: Vec<ReasonCode>,
+        subs: Vec<Option<(Sub, bool)>>,
+        outstanding: usize,
+    ) {
+        let pending = PendingAck {
+            codes,
+            outstanding,
+            subs,
+        };
+        self.subacks.insert(packet_id, pending);
+    }
+
+    /// Waits for `outstanding` replies before sending UNSUBACK `packet_id`.
+    pub fn expect_unsuback(&mut self, packet_id: u16, codes: Vec<ReasonCode>, outstanding: usize) {
+        let pending = PendingAck {
+            codes,
+            outstanding,
+            subs: Vec::new(),
+        };
+        self.unsubacks.insert(packet_id, pending);
+    }
+
+    /// The granted QoS of the subscriptions MQTT topic `name` matches, and the herald pattern
+    /// whose credit a message of herald topic `topic` spends (the first `lossless` one that
+    /// matches, as the engine chooses). `None`: no subscription matches in MQTT's terms (a
+    /// leading wildcard and a `$` topic).
+    fn route(&self, name: &str, topic: &str) -> Option<(QoS, Option<Arc<str>>)> {
+        let mut found: Option<(QoS, Option<Arc<str>>)> = None;
+        for sub in &self.subs {
+            if !mqtt_matches(&sub.filter, name) {
+                continue;
+            }
+            let credit = match (&found, sub.lossless) {
+                (Some((_, Some(_))), _) | (_, false) => None,
+                (_, true) => sub
+                    .patterns
+                    .iter()
+                    .find(|p| matches(p, topic))
+                    .map(|p| Arc::from(p.as_str())),
+            };
+            found = Some(match found {
+                None => (sub.qos, credit),
+                Some((qos, held)) => (qos.max(sub.qos), held.or(credit)),
+            });
+        }
+        found
+    }
+
+    fn problem(&self, reason: &'static str) -> ProblemInfo<'static> {
+        ProblemInfo {
+            reason_string: self.problem_info.then_some(reason),
+            user_properties: &[],
+        }
+    }
+}
+
+/// The encoder of one MQTT connection.
+pub struct Encoder {
+    transport: Transport,
+    retained: Arc<RetainedStore>,
+    state: Arc<Mutex<Outbound>>,
+}
+
+impl Encoder {
+    pub fn new(
+        transport: Transport,
+        retained: Arc<RetainedStore>,
+        state: Arc<Mutex<Outbound>>,
+    ) -> Encoder {
+        Encoder {
+            transport,
+            retained,
+            state,
+        }
+    }
+
+    /// `packet` framed for the transport, or nothing when it is larger than the client
+    /// accepts (§3.1.2.11.4: the server discards it).
+    fn fits(&self, s: &Outbound, head: Bytes, body: Bytes) -> Frame {
+        if head.len() + body.len() > s.maximum_packet_size as usize {
+            return Frame::default();
+        }
+        match self.transport {
+            Transport::Stream => Frame { head, body },
+            Transport::WebSocket => {
+                let mut h = BytesMut::with_capacity(10 + head.len());
+                h.put_slice(&ws_header(OpCode::Binary, head.len() + body.len()));
+                h.put_slice(&head);
+                Frame {
+                    head: h.freeze(),
+                    body,
+                }
+            }
+        }
+    }
+
+    /// A PUBLISH of `name` for this connection, `packet_id` set when `qos` is 1.
+    fn publish(
+        &self,
+        s: &Outbound,
+        name: &str,
+        m: &Publishable,
+        qos: QoS,
+        packet_id: u16,
+        retain: bool,
+    ) -> Frame {
+        let prepared = Prepared::new(s.version, name, &m.properties(), m.payload.clone());
+        let delivery = Delivery {
+            qos,
+            packet_id,
+            retain,
+            ..Delivery::default()
+        };
+        match prepared.head(&delivery) {
+            Ok(head) => self.fits(s, head, prepared.body()),
+            Err(_) => Frame::default(),
+        }
+    }
+
+    /// SUBACK `packet_id`, then the retained messages of the filters it grants that asked for
+    /// them.
+    fn suback(&self, s: &mut Outbound, packet_id: u16, pending: PendingAck) -> Frame {
+        let info = ProblemInfo::default();
+        let mut out = BytesMut::new();
+        out.put_slice(&self.frame_bytes(encode::suback(
+            s.version,
+            packet_id,
+            &pending.codes,
+            info,
+        )));
+        for (code, sub) in pending.codes.iter().zip(&pending.subs) {
+            match sub {
+                Some((sub, true)) if !code.is_error() => self.retained_for(s, sub, &mut out),
+                _ => {}
+            }
+        }
+        Frame {
+            head: out.freeze(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// Appends the retained messages `sub` matches, retain flag set, at the lower of their
+    /// QoS and its own.
+    fn retained_for(&self, s: &mut Outbound, sub: &Sub, out: &mut BytesMut) {
+        for (name, message) in self.retained.matching(&sub.filter) {
+            let qos = message.qos.min(sub.qos);
+            let packet_id = match qos {
+                QoS::AtMostOnce => 0,
+                _ => match s.packet_id(None) {
+                    Some(id) => id,
+                    None => continue,
+                },
+            };
+            let m = Publishable::from(&message);
+            let frame = self.publish(s, &name, &m, qos, packet_id, true);
+            if frame.is_empty() && qos != QoS::AtMostOnce {
+                s.in_flight.remove(&packet_id);
+            }
+            out.put_slice(&frame.head);
+            out.put_slice(&frame.body);
+        }
+    }
+
+    fn frame_bytes(&self, packet: Bytes) -> Bytes {
+        let frame = self.transport.frame(packet);
+        if frame.body.is_empty() {
+            frame.head
+        } else {
+            Bytes::from(frame.to_vec())
+        }
+    }
+
+    /// The reply to a publish: its acknowledgement, and its retained message kept or let go.
+    fn published(&self, s: &mut Outbound, tag: Tag, outcome: Result<(), ReasonCode>) -> Frame {
+        let Tag::Publish {
+            qos,
+            packet_id,
+            retain,
+        } = tag
+        else {
+            return Frame::default();
+        };
+        let mut reason = outcome.err().unwrap_or(ReasonCode::Success);
+        if let Some((topic, message)) = retain.and_then(|k| s.retaining.remove(&k)) {
+            if reason == ReasonCode::Success && self.retained.publish(&topic, message).is_err() {
+                reason = ReasonCode::QuotaExceeded;
+            }
+        }
+        let kind = match qos {
+            QoS::AtMostOnce => return Frame::default(),
+            QoS::AtLeastOnce => AckKind::PubAck,
+            QoS::ExactlyOnce => {
+                if reason.is_error() {
+                    // A refused QoS 2 message ends its exchange here (§4.3.3).
+                    s.awaiting_release.remove(&packet_id);
+                }
+                AckKind::PubRec
+            }
+        };
+        let info = if reason.is_error() {
+            s.problem("herald refused the message")
+        } else {
+            ProblemInfo::default()
+        };
+        self.transport
+            .frame(encode::ack(s.version, kind, packet_id, reason, info))
+    }
+
+    /// One reply to a SUBSCRIBE's or UNSUBSCRIBE's herald requests: the SUBACK or UNSUBACK
+    /// once it is the last.
+    fn answered(&self, s: &mut Outbound, tag: Tag, error: Option<ReasonCode>) -> Frame {
+        match tag {
+            Tag::Subscribe { packet_id, filter } => {
+                let Some(pending) = s.subacks.get_mut(&packet_id) else {
+                    return Frame::default();
+                };
+                let at = filter as usize;
+                if let (Some(code), Some(slot)) = (error, pending.codes.get_mut(at)) {
+                    *slot = code;
+                    // Refused: not a subscription of the connection.
+                    if let Some(Some((sub, _))) = pending.subs.get(at) {
+                        let filter = sub.filter.clone();
+                        s.subs.retain(|x| x.filter != filter);
+                    }
+                }
+                pending.outstanding = pending.outstanding.saturating_sub(1);
+                if pending.outstanding > 0 {
+                    return Frame::default();
+                }
+                let pending = s.subacks.remove(&packet_id).expect("looked up above");
+                self.suback(s, packet_id, pending)
+            }
+            Tag::Unsubscribe { packet_id } => {
+                let Some(pending) = s.unsubacks.get_mut(&packet_id) else {
+                    return Frame::default();
+                };
+                pending.outstanding = pending.outstanding.saturating_sub(1);
+                if pending.outstanding > 0 {
+                    return Frame::default();
+                }
+                let pending = s.unsubacks.remove(&packet_id).expect("looked up above");
+                let packet =
+                    encode::unsuback(s.version, packet_id, &pending.codes, ProblemInfo::default());
+                self.transport.frame(packet)
+            }
+            Tag::Publish { .. } => self.published(s, tag, error.map_or(Ok(()), Err)),
+        }
+    }
+
+    /// A SUBACK for subscriptions settled without herald (all refused, or none to ask for).
+    pub fn suback_now(&self, s: &mut Outbound, packet_id: u16, codes: Vec<ReasonCode>) -> Frame {
+        let pending = PendingAck {
+            subs: vec![None; codes.len()],
+            codes,
+            outstanding: 0,
+        };
+        self.suback(s, packet_id, pending)
+    }
+}
+
+/// What a PUBLISH is made of, from a herald message or a retained one.
+struct Publishable<'a> {
+    payload: &'a Bytes,
+    kind: PayloadKind,
+    content_type: Option<&'a str>,
+}
+
+impl<'a> From<&'a Message> for Publishable<'a> {
+    fn from(m: &'a Message) -> Self {
+        Publishable {
+            payload: m.payload(),
+            kind: m.kind(),
+            content_type: m.content_type(),
+        }
+    }
+}
+
+impl<'a> From<&'a Retained> for Publishable<'a> {
+    fn from(m: &'a Retained) -> Self {
+        Publishable {
+            payload: &m.payload,
+            kind: m.kind,
+            content_type: m.content_type.as_deref(),
+        }
+    }
+}
+
+impl Publishable<'_> {
+    /// herald's text is MQTT's payload format indicator 1; its content type is MQTT's.
+    fn properties(&self) -> MessageProperties {
+        MessageProperties {
+            payload_utf8: self.kind == PayloadKind::Text,
+            content_type: self.content_type.map(str::to_owned),
+            ..MessageProperties::default()
+        }
+    }
+}
+
+/// The reason code for a herald error code, in a PUBACK, PUBREC or SUBACK.
+pub fn reason_for(code: &str) -> ReasonCode {
+    match code {
+        "forbidden" | "unauthorized" | "not_lossless" => ReasonCode::NotAuthorized,
+        "bad_topic" | "topic_too_long" | "too_many_levels" | "empty_topic" | "bad_pattern" => {
+            ReasonCode::TopicNameInvalid
+        }
+        "too_many_topics" | "retained_limit" | "too_many_subscriptions" => {
+            ReasonCode::QuotaExceeded
+        }
+        "message_too_large" => ReasonCode::PacketTooLarge,
+        "bad_frame" => ReasonCode::PayloadFormatInvalid,
+        _ => ReasonCode::UnspecifiedError,
+    }
+}
+
+/// The four forms of a message's QoS 0 PUBLISH in one buffer: for 3.1.1 then 5.0, each a
+/// WebSocket binary header followed by the packet's head (the payload follows every head).
+fn shared_heads(m: &Message) -> Frame {
+    let Some(name) = to_mqtt_topic(m.topic()) else {
+        return Frame::default();
+    };
+    let p = Publishable::from(m);
+    let props = p.properties();
+    let mut out = BytesMut::new();
+    for version in [Version::V311, Version::V5] {
+        let prepared = Prepared::new(version, &name, &props, m.payload().clone());
+        let Ok(head) = prepared.head(&Delivery::default()) else {
+            return Frame::default();
+        };
+        out.put_slice(&ws_header(OpCode::Binary, head.len() + m.payload().len()));
+        out.put_slice(&head);
+    }
+    Frame {
+        head: out.freeze(),
+        body: m.payload().clone(),
+    }
+}
+
+/// The form of [`shared_heads`] `version` over `transport` sends, sliced out (no copy), and
+/// the length of the MQTT packet it heads.
+fn shared_head(
+    all: &Bytes,
+    payload_len: usize,
+    version: Version,
+    transport: Transport,
+) -> (Bytes, usize) {
+    let mut at = 0;
+    for v in [Version::V311, Version::V5] {
+        let ws = match all[at + 1] {
+            126 => 4,
+            127 => 10,
+            _ => 2,
+        };
+        let packet = &all[at + ws..];
+        let (remaining, len_bytes) = read_varint(&packet[1..], false)
+            .ok()
+            .flatten()
+            .expect("written by shared_heads");
+        let head = 1 + len_bytes + remaining as usize - payload_len;
+        if v == version {
+            let slice = match transport {
+                Transport::Stream => all.slice(at + ws..at + ws + head),
+                Transport::WebSocket => all.slice(at..at + ws + head),
+            };
+            return (slice, head + payload_len);
+        }
+        at += ws + head;
+    }
+    unreachable!("both versions are written")
+}
+
+impl Encoder {
+    /// The PUBLISH this connection is sent for `message`, or an empty frame when it is not
+    /// sent one (a name MQTT cannot carry, a `$` topic under a leading wildcard, no credit,
+    /// larger than the client's maximum packet size).
+    fn publish_of(&self, message: &Message) -> Frame {
+        let Some(name) = to_mqtt_topic(message.topic()) else {
+            return Frame::default();
+        };
+        let mut s = self.state.lock();
+        let Some((qos, credit)) = s.route(&name, message.topic()) else {
+            return Frame::default();
+        };
+        if qos == QoS::AtMostOnce {
+            let all = message.encoded(SLOT, shared_heads);
+            if all.is_empty() {
+                return Frame::default();
+            }
+            let (head, packet_len) =
+                shared_head(&all.head, all.body.len(), s.version, self.transport);
+            if packet_len > s.maximum_packet_size as usize {
+                return Frame::default();
+            }
+            return Frame {
+                head,
+                body: all.body,
+            };
+        }
+        let Some(packet_id) = s.packet_id(credit) else {
+            return Frame::default();
+        };
+        let frame = self.publish(
+            &s,
+            &name,
+            &Publishable::from(message),
+            qos,
+            packet_id,
+            false,
+        );
+        if frame.is_empty() {
+            s.in_flight.remove(&packet_id);
+        }
+        frame
+    }
+}
+
+impl Encode for Encoder {
+    fn message(&self, message: &Message, out: &mut Vec<Frame>) {
+        let frame = self.publish_of(message);
+        if !frame.is_empty() {
+            out.push(frame);
+        }
+    }
+
+    fn reply(&self, reply: &Reply) -> Frame {
+        let mut s = self.state.lock();
+        match reply {
+            Reply::Ack { id, .. } => match Tag::of(id) {
+                Some(tag) => self.published(&mut s, tag, Ok(())),
+                None => Frame::default(),
+            },
+            Reply::Subscribed { id: Some(id), .. } | Reply::Unsubscribed { id: Some(id), .. } => {
+                match Tag::of(id) {
+                    Some(tag) => self.answered(&mut s, tag, None),
+                    None => Frame::default(),
+                }
+            }
+            Reply::Error {
+                id: Some(id), code, ..
+            } => match Tag::of(id) {
+                Some(tag @ Tag::Subscribe { .. }) => {
+                    let reason = match reason_for(code) {
+                        ReasonCode::TopicNameInvalid => ReasonCode::TopicFilterInvalid,
+                        other => other,
+                    };
+                    self.answered(&mut s, tag, Some(reason))
+                }
+                Some(tag) => self.answered(&mut s, tag, Some(reason_for(code))),
+                None => Frame::default(),
+            },
+            _ => Frame::default(),
+        }
+    }
+
+    /// MQTT has no notice of lost messages: a QoS 0 subscriber's dropped messages are simply
+    /// not sent (`docs/mqtt.md`).
+    fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
+        Frame::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_core::message::TopicHead;
+
+    /// Every form sliced out of the cached buffer is the packet [`Prepared`] makes, behind a
+    /// WebSocket header where the transport needs one.
+    #[test]
+    fn each_cached_form_is_the_packet_for_its_version_and_transport() {
+        for len in [0, 3, 200, 70_000] {
+            let payload = Bytes::from(vec![7u8; len]);
+            let head = TopicHead::new("a/b".into(), "e".into());
+            let m = Message::new(
+                head,
+                1,
+                PayloadKind::Text,
+                payload.clone(),
+                Some("t/x".into()),
+                None,
+            );
+            let all = shared_heads(&m);
+            for version in [Version::V311, Version::V5] {
+                let p = Publishable::from(&m);
+                let expected = Prepared::new(version, "a/b", &p.properties(), payload.clone())
+                    .head(&Delivery::default())
+                    .unwrap();
+                let (bare, n) = shared_head(&all.head, len, version, Transport::Stream);
+                assert_eq!((bare.clone(), n), (expected.clone(), expected.len() + len));
+                let (ws, _) = shared_head(&all.head, len, version, Transport::WebSocket);
+                let header = ws_header(OpCode::Binary, expected.len() + len);
+                assert_eq!(ws, [&header[..], &expected[..]].concat());
+            }
+        }
+    }
+
+    #[test]
+    fn tags_survive_the_round_trip_through_a_request_id() {
+        let tags = [
+            Tag::Publish {
+                qos: QoS::ExactlyOnce,
+                packet_id: 65_535,
+                retain: Some(65_535),
+            },
+            Tag::Publish {
+                qos: QoS::AtMostOnce,
+                packet_id: 0,
+                retain: None,
+            },
+            Tag::Subscribe {
+                packet_id: 1,
+                filter: 300,
+            },
+            Tag::Unsubscribe { packet_id: 2 },
+        ];
+        for tag in tags {
+            assert_eq!(Tag::of(&tag.id()), Some(tag));
+        }
+        assert_eq!(Tag::of(&RequestId::from("client id")), None);
+    }
+}

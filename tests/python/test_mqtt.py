@@ -1,0 +1,330 @@
+"""MQTT 3.1.1 and 5.0 against herald (docs/mqtt.md), with real clients over real sockets:
+Eclipse Paho (TCP and WebSocket transports), Debian's mosquitto_pub / mosquitto_sub, and
+herald's native WebSocket and HTTP clients on the same topics. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from test_protocol import (
+    STEP,
+    Herald,
+    connect,
+    decode_binary,
+    free_port,
+    http_post,
+    recv_binary,
+    recv_frame,
+    run_async,
+    send_json,
+    subscribe,
+)
+
+VERSIONS = {"3.1.1": mqtt.MQTTv311, "5.0": mqtt.MQTTv5}
+TRANSPORTS = ["tcp", "websockets"]
+
+
+@pytest.fixture(scope="module")
+def herald():
+    mqtt_port = free_port()
+    server = Herald("--mqtt-listen", f"127.0.0.1:{mqtt_port}")
+    server.mqtt_port = mqtt_port
+    yield server
+    server.stop_and_check()
+
+
+class Client:
+    """A Paho client whose received messages land in a queue."""
+
+    def __init__(self, server: Herald, version: str = "5.0", transport: str = "tcp", will=None):
+        self.version = VERSIONS[version]
+        self.c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=f"t-{uuid.uuid4().hex[:8]}",
+            protocol=self.version,
+            transport=transport,
+        )
+        if transport == "websockets":
+            self.c.ws_set_options(path="/mqtt")
+            port = server.port
+        else:
+            port = server.mqtt_port
+        if will:
+            self.c.will_set(*will)
+        self.messages: queue.Queue = queue.Queue()
+        self.subacks: queue.Queue = queue.Queue()
+        self.connacks: queue.Queue = queue.Queue()
+        self.c.on_message = lambda c, u, m: self.messages.put(m)
+        self.c.on_subscribe = lambda c, u, mid, codes, props: self.subacks.put(codes)
+        self.c.on_connect = lambda c, u, flags, reason, props: self.connacks.put(reason)
+        kwargs = {"clean_start": True} if self.version == mqtt.MQTTv5 else {}
+        self.c.connect("127.0.0.1", port, keepalive=30, **kwargs)
+        self.c.loop_start()
+        reason = self.connacks.get(timeout=STEP)
+        assert not reason.is_failure, reason
+
+    def subscribe(self, topic: str, qos: int = 0, **options):
+        if self.version == mqtt.MQTTv5:
+            opts = mqtt.SubscribeOptions(qos=qos, **options)
+            self.c.subscribe(topic, options=opts)
+        else:
+            self.c.subscribe(topic, qos)
+        return self.subacks.get(timeout=STEP)
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
+        info = self.c.publish(topic, payload, qos=qos, retain=retain)
+        info.wait_for_publish(timeout=STEP)
+        assert info.is_published()
+
+    def message(self):
+        return self.messages.get(timeout=STEP)
+
+    def nothing(self, wait: float = 0.3):
+        with pytest.raises(queue.Empty):
+            self.messages.get(timeout=wait)
+
+    def close(self):
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def granted(codes) -> list[int]:
+    return [c.value if hasattr(c, "value") else c for c in codes]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_binary_payloads_arrive_in_order_exactly_once_at_qos1(herald, version, transport):
+    topic = f"paho/{transport}/{version}"
+    sub = Client(herald, version, transport)
+    assert granted(sub.subscribe(f"{topic}/#", qos=1)) == [1]
+    pub = Client(herald, version, transport)
+    rng = random.Random(7)
+    payloads = [rng.randbytes(rng.randrange(0, 3000)) for _ in range(200)]
+    for i, payload in enumerate(payloads):
+        pub.publish(f"{topic}/x", payload, qos=1)
+    got = [sub.message() for _ in payloads]
+    assert [m.payload for m in got] == payloads
+    assert all(m.topic == f"{topic}/x" and m.qos == 1 and not m.retain for m in got)
+    sub.nothing()
+    sub.close()
+    pub.close()
+
+
+def test_qos2_publish_is_delivered_once_and_granted_as_qos1(herald):
+    sub = Client(herald, "3.1.1")
+    assert granted(sub.subscribe("q2/t", qos=2)) == [1]
+    pub = Client(herald, "5.0")
+    pub.publish("q2/t", b"once", qos=2)
+    m = sub.message()
+    assert (m.payload, m.qos) == (b"once", 1)
+    sub.nothing()
+    sub.close()
+    pub.close()
+
+
+def test_parent_level_and_dollar_topics(herald):
+    sub = Client(herald)
+    sub.subscribe("lvl/#")
+    wild = Client(herald)
+    wild.subscribe("#")
+    pub = Client(herald)
+    pub.publish("lvl", b"parent")
+    assert sub.message().payload == b"parent"
+    pub.publish("$lvl/x", b"dollar")
+    pub.publish("lvl/a/b", b"child")
+    assert sub.message().payload == b"child"
+    got = [wild.message().payload for _ in range(2)]
+    assert got == [b"parent", b"child"], "a leading wildcard does not match $ topics"
+    for c in (sub, wild, pub):
+        c.close()
+
+
+def test_retained_messages(herald):
+    pub = Client(herald, "5.0")
+    pub.publish("ret/a", b"keep-a", qos=1, retain=True)
+    pub.publish("ret/b", b"keep-b", qos=0, retain=True)
+    pub.publish("ret/b", b"live-not-retained", qos=1)
+    time.sleep(0.2)  # the QoS 0 retained publish has no acknowledgement
+    sub = Client(herald, "3.1.1")
+    sub.subscribe("ret/+", qos=1)
+    got = {}
+    for _ in range(2):
+        m = sub.message()
+        got[m.topic] = (m.payload, m.retain)
+    assert got == {"ret/a": (b"keep-a", True), "ret/b": (b"keep-b", True)}
+    sub.nothing()
+    # retain handling 2: never sent on subscribe.
+    never = Client(herald, "5.0")
+    never.subscribe("ret/#", qos=1, retainHandling=2)
+    never.nothing()
+    # An empty retained payload clears it.
+    pub.publish("ret/a", b"", qos=1, retain=True)
+    assert sub.message().payload == b""
+    late = Client(herald, "5.0")
+    late.subscribe("ret/a")
+    late.nothing()
+    for c in (pub, sub, never, late):
+        c.close()
+
+
+def test_will_is_published_on_abrupt_close_not_on_disconnect(herald):
+    sub = Client(herald, "3.1.1")
+    sub.subscribe("will/#", qos=1)
+    clean = Client(herald, "5.0", will=("will/clean", b"bye", 1, False))
+    clean.close()
+    sub.nothing()
+    dying = Client(herald, "3.1.1", will=("will/dead", b"gone", 1, False))
+    dying.c.loop_stop()
+    dying.c.socket().close()
+    m = sub.message()
+    assert (m.topic, m.payload) == ("will/dead", b"gone")
+    sub.close()
+
+
+@run_async
+async def test_mqtt_to_native_websocket(herald):
+    ws = await connect(herald)
+    await subscribe(ws, "cross/m2n", id=1)
+    pub = await asyncio.to_thread(Client, herald, "3.1.1")
+    payloads = [bytes([i]) * i + b"\x00\xff" for i in range(50)]
+    for p in payloads:
+        await asyncio.to_thread(pub.publish, "cross/m2n", p, 1)
+    for i, p in enumerate(payloads):
+        head, body = await recv_binary(ws)
+        assert (head["topic"], head["seq"], body) == ("cross/m2n", i + 1, p)
+    await asyncio.to_thread(pub.close)
+    await ws.close()
+
+
+@run_async
+async def test_native_websocket_and_http_to_mqtt(herald):
+    sub = await asyncio.to_thread(Client, herald, "5.0", "websockets")
+    await asyncio.to_thread(sub.subscribe, "cross/n2m/#", 1)
+    ws = await connect(herald)
+    await send_json(ws, {"op": "pub", "topic": "cross/n2m/ws", "data": "héllo", "ct": "text/plain"})
+    m = await asyncio.to_thread(sub.message)
+    assert (m.topic, m.payload) == ("cross/n2m/ws", "héllo".encode())
+    assert m.properties.ContentType == "text/plain"
+    assert m.properties.PayloadFormatIndicator == 1
+    payload = random.Random(3).randbytes(70_000)
+    r = await asyncio.to_thread(http_post, herald, "/api/publish/cross/n2m/http", payload, "application/octet-stream")
+    assert r.status_code == 200, r.text
+    m = await asyncio.to_thread(sub.message)
+    assert (m.topic, m.payload) == ("cross/n2m/http", payload)
+    await asyncio.to_thread(sub.nothing)
+    await asyncio.to_thread(sub.close)
+    await ws.close()
+
+
+def test_shared_subscriptions_are_refused(herald):
+    c = Client(herald, "5.0")
+    assert granted(c.subscribe("$share/g/t", qos=1)) == [0x9E]
+    c.close()
+
+
+def raw_connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=STEP)
+    body = b"\x00\x04MQTT\x04\x02\x00\x1e\x00\x01r"
+    s.sendall(bytes([0x10, len(body)]) + body)
+    assert s.recv(4) == b"\x20\x02\x00\x00"
+    return s
+
+
+def closed(s: socket.socket) -> bool:
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except (ConnectionResetError, socket.timeout):
+        return False
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(b"\xc0\x00", id="pingreq-before-connect"),
+        pytest.param(None, id="bad-remaining-length"),
+        pytest.param(None, id="oversized"),
+        pytest.param(None, id="wildcard-in-topic-name"),
+    ],
+)
+def test_bad_input_closes_that_connection_only(herald, bad, request):
+    watcher = Client(herald, "3.1.1")
+    watcher.subscribe("still/ok")
+    case = request.node.callspec.id
+    if case == "pingreq-before-connect":
+        s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+        s.sendall(bad)
+    else:
+        s = raw_connect(herald.mqtt_port)
+        if case == "bad-remaining-length":
+            s.sendall(b"\x30\xff\xff\xff\xff\x01")
+        elif case == "oversized":
+            # A remaining length of 200 MiB: over max_message_bytes + 64 KiB.
+            s.sendall(b"\x30\x80\x80\x80\x64")
+        else:
+            s.sendall(b"\x30\x05\x00\x03a/#")
+    assert closed(s)
+    s.close()
+    pub = Client(herald, "5.0")
+    pub.publish("still/ok", b"fine")
+    assert watcher.message().payload == b"fine"
+    pub.close()
+    watcher.close()
+
+
+def test_websocket_subprotocol_is_echoed(herald):
+    import base64
+    import os
+
+    key = base64.b64encode(os.urandom(16)).decode()
+    for offered, chosen in [("mqtt", "mqtt"), ("mqttv3.1", "mqttv3.1")]:
+        s = socket.create_connection(("127.0.0.1", herald.port), timeout=STEP)
+        s.sendall(
+            (
+                "GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                f"Sec-WebSocket-Protocol: {offered}\r\n\r\n"
+            ).encode()
+        )
+        head = s.recv(4096).decode().lower()
+        assert head.startswith("http/1.1 101")
+        assert f"sec-websocket-protocol: {chosen}" in head
+        s.close()
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto-clients not installed")
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
+def test_mosquitto_clients(herald, version):
+    port = str(herald.mqtt_port)
+    topic = f"mosq/{version}"
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-h", "127.0.0.1", "-p", port, "-V", version, "-t", f"{topic}/#", "-q", "1", "-C", "3", "-v"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.5)
+    for i in range(3):
+        subprocess.run(
+            ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-V", version, "-t", f"{topic}/t", "-m", f"m{i}", "-q", "1"],
+            check=True,
+            timeout=STEP,
+        )
+    out, err = sub.communicate(timeout=STEP)
+    assert sub.returncode == 0, err
+    assert out.decode().splitlines() == [f"{topic}/t m{i}" for i in range(3)]
