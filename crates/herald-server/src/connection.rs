@@ -57,6 +57,9 @@ pub enum Framing {
 pub struct Connection {
     out: Mutex<Outgoing>,
     codec: Codec,
+    /// Whether `codec` is herald's own: its messages are then encoded through a direct call,
+    /// which the drain inlines (most connections speak it, and the call is per delivery).
+    native: bool,
     framing: Framing,
     /// The plain TCP socket, which queueing tasks may write to directly; `None` when only the
     /// writer task writes (TLS, VBDS).
@@ -180,6 +183,16 @@ impl Connection {
         Self::open(native(), Framing::WebSocket, Some(socket), limits, metrics)
     }
 
+    /// Moves what may go now from `queue` into `frames`, encoded by the connection's codec.
+    #[inline]
+    fn drain(&self, queue: &mut OutboundQueue, frames: &mut Vec<Frame>, now_us: u64) {
+        if self.native {
+            queue.drain_into(frames, &wire::Native, now_us);
+        } else {
+            queue.drain_into(frames, &*self.codec, now_us);
+        }
+    }
+
     /// A connection of `codec`'s protocol over a transport that closes as `framing` says;
     /// given `socket` (plain TCP), queueing tasks may write to it directly, else the writer
     /// task does all the writing.
@@ -191,8 +204,10 @@ impl Connection {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let socket = socket.map(DirectSocket::new);
+        let native = Arc::ptr_eq(&codec, &native());
         Arc::new_cyclic(|me| Connection {
             codec,
+            native,
             framing,
             out: Mutex::new(Outgoing {
                 queue: OutboundQueue::new(limits.outbound),
@@ -322,7 +337,7 @@ impl Connection {
             if out.writer != Writer::Nobody || out.queue.is_closed() {
                 return 0;
             }
-            out.queue.drain_into(frames, &*self.codec, now_us);
+            self.drain(&mut out.queue, frames, now_us);
             if frames.is_empty() {
                 // Only throttled messages wait: the writer task keeps their time.
                 let throttled = out.queue.next_due().is_some();
@@ -349,7 +364,7 @@ impl Connection {
                 return taken;
             }
             if !out.queue.is_closed() {
-                out.queue.drain_into(frames, &*self.codec, now_us);
+                self.drain(&mut out.queue, frames, now_us);
                 taken += frames.len();
             }
             if frames.is_empty() {
@@ -435,7 +450,7 @@ impl Connection {
                         return false;
                     }
                     Writer::Nobody | Writer::Task => {
-                        out.queue.drain_into(batch, &*self.codec, now_us());
+                        self.drain(&mut out.queue, batch, now_us());
                         if batch.is_empty() {
                             // About to wait: an idle connection keeps little memory.
                             out.queue.shrink_idle();

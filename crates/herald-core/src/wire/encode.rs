@@ -23,12 +23,14 @@ pub struct Native;
 
 impl Native {
     /// A message's one frame, encoded once in its [`SLOT`] and shared.
+    #[inline]
     pub fn frame(&self, message: &Message) -> Frame {
         message.encoded(SLOT, encode_message)
     }
 }
 
 impl Encode for Native {
+    #[inline]
     fn message(&self, message: &Message, out: &mut Vec<Frame>) {
         out.push(self.frame(message));
     }
