@@ -34,12 +34,30 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
-/// A connection's protocol: what encodes what it is sent.
+/// A connection's protocol: what encodes what it is sent. Shared, so that a codec may carry
+/// per-connection state (MQTT's packet ids); the connection holds it for its life, so no
+/// message pays for the sharing.
 pub type Codec = Arc<dyn Encode + Send + Sync>;
+
+/// herald's own codec, one for every connection that speaks it.
+pub fn native() -> Codec {
+    static NATIVE: std::sync::LazyLock<Codec> = std::sync::LazyLock::new(|| Arc::new(wire::Native));
+    NATIVE.clone()
+}
+
+/// How a connection's transport frames its close: a WebSocket close frame, or, on a plain
+/// byte stream (MQTT, STOMP over TCP), nothing: the writer just ends the stream (a protocol
+/// that says goodbye queues its last words itself first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    WebSocket,
+    Stream,
+}
 
 pub struct Connection {
     out: Mutex<Outgoing>,
     codec: Codec,
+    framing: Framing,
     /// The plain TCP socket, which queueing tasks may write to directly; `None` when only the
     /// writer task writes (TLS, VBDS).
     socket: Option<DirectSocket>,
@@ -151,35 +169,31 @@ impl QueueLimits {
 }
 
 impl Connection {
-    /// A connection of herald's protocol whose writer task does all the writing.
+    /// A WebSocket connection of herald's protocol whose writer task does all the writing.
     pub fn new(limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::speaking(Arc::new(wire::Native), limits, metrics)
+        Self::open(native(), Framing::WebSocket, None, limits, metrics)
     }
 
-    /// A connection of `codec`'s protocol whose writer task does all the writing.
-    pub fn speaking(codec: Codec, limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::build(codec, None, limits, metrics)
-    }
-
-    /// A connection of herald's protocol on a plain TCP socket that queueing tasks may also
-    /// write to directly.
+    /// A WebSocket connection of herald's protocol on a plain TCP socket that queueing tasks
+    /// may also write to directly.
     pub fn direct(socket: OwnedWriteHalf, limits: QueueLimits, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::build(
-            Arc::new(wire::Native),
-            Some(DirectSocket::new(socket)),
-            limits,
-            metrics,
-        )
+        Self::open(native(), Framing::WebSocket, Some(socket), limits, metrics)
     }
 
-    fn build(
+    /// A connection of `codec`'s protocol over a transport that closes as `framing` says;
+    /// given `socket` (plain TCP), queueing tasks may write to it directly, else the writer
+    /// task does all the writing.
+    pub fn open(
         codec: Codec,
-        socket: Option<DirectSocket>,
+        framing: Framing,
+        socket: Option<OwnedWriteHalf>,
         limits: QueueLimits,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
+        let socket = socket.map(DirectSocket::new);
         Arc::new_cyclic(|me| Connection {
             codec,
+            framing,
             out: Mutex::new(Outgoing {
                 queue: OutboundQueue::new(limits.outbound),
                 writer: Writer::Nobody,
@@ -227,8 +241,13 @@ impl Connection {
     /// Queues a close frame; the writer sends it and stops. A slow consumer's backlog is
     /// discarded first (it would never drain), and shutdown or an error closes after what is
     /// already queued. Only the first close counts.
+    /// On a byte stream the close carries neither code nor reason: the stream just ends.
     pub fn close(&self, why: Disconnect, code: u16, reason: &str) {
-        self.close_with(why, wire::encode_close(code, reason));
+        let frame = match self.framing {
+            Framing::WebSocket => wire::encode_close(code, reason),
+            Framing::Stream => Frame::default(),
+        };
+        self.close_with(why, frame);
     }
 
     /// Closes with a ready-made close frame (e.g. the echo of a client's close).
@@ -240,6 +259,10 @@ impl Connection {
         *self.closing.lock() = Some(why);
         if discard {
             self.cut.notify_one();
+        } else {
+            // Only a writer waiting on something besides its queue listens now (see
+            // `Connection::closed`).
+            self.cut.notify_waiters();
         }
         self.wake.notify_one();
     }
@@ -254,10 +277,26 @@ impl Connection {
         pushed
     }
 
-    /// Resolves once the connection is being cut off as a slow consumer: for a writer that
-    /// waits on something besides its queue (the VBDS writer, waiting for an acknowledgement).
-    pub async fn cut_off(&self) {
-        self.cut.notified().await
+    /// Queues a reply the session or its protocol answers itself (a decoding error, a
+    /// refusal), encoded by the codec; like [`Connection::send_control`], never counted
+    /// against the consumer.
+    pub fn answer(&self, reply: &Reply) -> Pushed {
+        self.send_control(self.codec.reply(reply))
+    }
+
+    /// Resolves once the connection is closing: for a writer that waits on something besides
+    /// its queue (the VBDS writer, waiting for an acknowledgement).
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.cut.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a close between the two is not missed.
+            notified.as_mut().enable();
+            if self.is_closing() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub fn is_closing(&self) -> bool {
@@ -445,6 +484,11 @@ fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::
                 slot.write(slice);
                 n += 1;
             }
+            if n == 0 {
+                // What is left is empty frames (a byte stream's close): nothing to send.
+                sent = frames.len();
+                break Ok(());
+            }
             // SAFETY: the first `n` slots were written just above.
             let slices = unsafe { std::slice::from_raw_parts(room.as_ptr().cast::<IoSlice>(), n) };
             socket.send(slices)
@@ -524,6 +568,11 @@ pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
         }
         let written = {
             let slices: Vec<IoSlice> = io_slices(&frames[sent..]).take(MAX_SLICES).collect();
+            if slices.is_empty() {
+                // What is left is empty frames (a byte stream's close): nothing to send.
+                sent = frames.len();
+                break Ok(());
+            }
             io.write_vectored(&slices).await
         };
         match written {

@@ -25,6 +25,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/ws", get(ws::upgrade))
+        .route("/stomp", get(ws::upgrade_stomp))
         .route("/api/publish", post(missing_topic))
         .route("/api/publish/", post(missing_topic))
         .route("/api/publish/{*topic}", post(publish))

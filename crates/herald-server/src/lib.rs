@@ -2,7 +2,7 @@
 //!
 //! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
-//! - [`http`]: the routes — `/ws`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`http`]: the routes — `/ws`, `/stomp`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
 //! - [`refusal`]: how an HTTP route refuses a request; the admin check.
 //! - [`session`]: what every connection needs whatever its protocol, and the [`session::Protocol`]
 //!   trait a protocol implements.
@@ -68,6 +68,8 @@ use tokio::net::TcpListener;
 
 pub struct Server {
     listener: TcpListener,
+    /// The plain STOMP listener, when `stomp_listen` is set.
+    stomp: Option<TcpListener>,
     node: Arc<Node>,
 }
 
@@ -79,6 +81,12 @@ impl Server {
                 config.listen
             )
         })?;
+        let stomp = match config.stomp_listen {
+            Some(addr) => Some(listener::bind(addr).with_context(|| {
+                format!("cannot listen for STOMP on {addr}; is another process using it? (change it with --stomp-listen)")
+            })?),
+            None => None,
+        };
         let node = Node::new(config)?;
         if let Some(auth) = &node.auth {
             // Start with the keys if the URL answers; the refresher retries if it does not.
@@ -88,13 +96,22 @@ impl Server {
             auth.spawn_jwks_refresh();
         }
         node.start_broker().await?;
-        Ok(Server { listener, node })
+        Ok(Server {
+            listener,
+            stomp,
+            node,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// Where the plain STOMP listener listens, if it does.
+    pub fn stomp_addr(&self) -> Option<SocketAddr> {
+        self.stomp.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -112,6 +129,25 @@ impl Server {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }
         let sweeper = tokio::spawn(Node::sweep(Arc::downgrade(&node)));
+        // Every listener stops accepting at shutdown.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let stomp = self.stomp.map(|tcp| {
+            let addr = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::info!(stomp_listen = %addr, "herald serving STOMP");
+            let mut stopped = stopped.clone();
+            let stomp = |node: &Node| {
+                let settings = protocol::stomp::session::Settings::of(&node.config);
+                protocol::stomp::session::StompSession::new(settings, connection::Framing::Stream)
+            };
+            tokio::spawn(listener::serve_stream(
+                tcp,
+                node.clone(),
+                stomp,
+                async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                },
+            ))
+        });
         let closing = node.clone();
         listener::serve(
             self.listener,
@@ -120,11 +156,15 @@ impl Server {
             async move {
                 shutdown.await;
                 tracing::info!("shutting down: closing connections");
+                let _ = stop.send(true);
                 closing.close_all();
             },
         )
         .await;
         sweeper.abort();
+        if let Some(stomp) = stomp {
+            let _ = stomp.await;
+        }
         node.sessions.close();
         let grace = Duration::from_secs(node.config.shutdown_grace_secs + 1);
         if tokio::time::timeout(grace, node.sessions.wait())

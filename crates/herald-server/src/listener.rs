@@ -3,11 +3,17 @@
 //! against `max_connections` (unauthenticated ones shed oldest first to make room), TCP_NODELAY,
 //! a deadline on the request headers (slowloris), and graceful shutdown of plain HTTP
 //! connections. WebSocket connections leave hyper when upgraded; `Node::sessions` tracks those.
+//!
+//! A protocol on a TCP port of its own (MQTT, STOMP) is served by [`serve_stream`]: the same
+//! admission (per-IP limits, the same `max_connections` count as the HTTP port's sockets),
+//! then a session of the protocol on the plain or TLS byte stream, no HTTP before it.
 
-use crate::limits::{SocketHandle, Sockets};
-use crate::metrics::Reason;
+use crate::connection::Framing;
+use crate::limits::{IpGuard, Socket, SocketHandle};
+use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
-use crate::socket::{Guarded, Held};
+use crate::session::{self, Protocol, Transport};
+use crate::socket::{self, Guarded, Held};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -19,7 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -57,54 +63,22 @@ pub async fn serve(
     }
     let (stop, stopping) = watch::channel(false);
     let connections = TaskTracker::new();
-    let sockets = Sockets::new(
-        node.config.max_connections,
-        &node.config.limits,
-        node.auth.is_some(),
-        node.metrics.clone(),
-    );
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, typically: back off rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = next(&listener) => accepted,
         };
-        let refused = |reason| {
-            node.metrics
-                .connections_refused
-                .get_or_create(&Reason { reason })
-                .inc();
-        };
-        let guard = match node.ip_limits.admit(peer.ip(), Instant::now()) {
-            Ok(guard) => guard,
+        let (guard, socket) = match admit(&node, &tcp, peer) {
+            Ok(admitted) => admitted,
             Err(refusal) => {
-                refused(refusal.label());
-                continue; // dropping the socket closes it
-            }
-        };
-        let socket = match sockets.admit(peer.ip(), node.ip_limits.is_exempt(peer.ip())) {
-            Ok(socket) => socket,
-            Err(_) => {
-                refused("max_connections");
-                if node.tls.is_none() {
+                if refusal == "max_connections" && node.tls.is_none() {
                     // Best effort, without waiting: the socket closes either way.
                     let _ = tcp.try_write(FULL);
                 }
-                continue;
+                continue; // dropping the socket closes it
             }
         };
-        // No Nagle: a small message must leave now, not wait for the previous one's ACK.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
         let handle = socket.handle();
         let service = WithSocket {
             inner: TowerToHyperService::new(router.clone()),
@@ -142,6 +116,110 @@ pub async fn serve(
     connections.close();
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, connections.wait()).await;
+}
+
+/// The next connection `listener` accepts; a failure (out of file descriptors, typically)
+/// backs off rather than spin.
+async fn next(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Admits an accepted socket, and sets TCP_NODELAY on it: its place in its IP's count and
+/// among the server's sockets; or why not (the per-IP limits, `max_connections`), counted in
+/// `connections_refused`.
+fn admit(
+    node: &Node,
+    tcp: &TcpStream,
+    peer: SocketAddr,
+) -> Result<(IpGuard, Socket), &'static str> {
+    let refused = |reason| {
+        node.metrics
+            .connections_refused
+            .get_or_create(&Reason { reason })
+            .inc();
+    };
+    let guard = match node.ip_limits.admit(peer.ip(), Instant::now()) {
+        Ok(guard) => guard,
+        Err(refusal) => {
+            refused(refusal.label());
+            return Err(refusal.label());
+        }
+    };
+    let Ok(socket) = node
+        .sockets
+        .admit(peer.ip(), node.ip_limits.is_exempt(peer.ip()))
+    else {
+        refused("max_connections");
+        return Err("max_connections");
+    };
+    // No Nagle: a small message must leave now, not wait for the previous one's ACK.
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    Ok((guard, socket))
+}
+
+/// Serves a protocol of its own port (MQTT, STOMP) on `listener` until `shutdown` completes:
+/// each connection admitted as the HTTP port admits one (and counted with its sockets), over
+/// TLS when the server has it, then a session of `protocol(&node)` on the byte stream. The
+/// sessions are tracked in `Node::sessions`, so shutdown closes them and waits for them as
+/// for WebSocket sessions.
+pub async fn serve_stream<P, F>(
+    listener: TcpListener,
+    node: Arc<Node>,
+    protocol: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    P: Protocol,
+    F: Fn(&Node) -> P,
+{
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = next(&listener) => accepted,
+        };
+        let Ok((guard, socket)) = admit(&node, &tcp, peer) else {
+            continue; // dropping the socket closes it
+        };
+        let handle = socket.handle();
+        let held = Held::new(guard, socket);
+        let protocol = protocol(&node);
+        let tls = node.tls.as_ref().map(|tls| tls.acceptor());
+        node.metrics.connections.inc();
+        node.metrics.connections_total.inc();
+        let node = node.clone();
+        node.clone().sessions.spawn(async move {
+            let (read, write) = match tls {
+                None => socket::split_tcp(tcp, held),
+                Some(acceptor) => {
+                    let timeout = node.config.limits.handshake_timeout();
+                    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => socket::split_boxed(tls, held),
+                        _ => {
+                            tracing::debug!("TLS handshake failed or timed out");
+                            node.metrics.disconnected(Disconnect::IoError);
+                            return;
+                        }
+                    }
+                }
+            };
+            let transport = Transport {
+                read,
+                write,
+                framing: Framing::Stream,
+            };
+            session::run(node, transport, Some(handle), None, protocol).await
+        });
+    }
 }
 
 /// The answer to a socket refused at `max_connections`.
@@ -200,9 +278,168 @@ async fn serve_http<S>(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::connection::Codec;
+    use crate::session::{Context, Input, Keepalive};
     use crate::{Config, Server};
-    use std::time::Duration;
-    use tokio::net::TcpStream;
+    use bytes::Bytes;
+    use herald_core::codec::{Encode, Frame};
+    use herald_core::message::Message;
+    use herald_core::reply::{DropReason, Reply};
+    use herald_core::request::{PayloadKind, Publish, Request, Subscribe};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A codec that sends a message's payload as it is, cached in the message, and counts how
+    /// often it encodes one.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl Encode for Counting {
+        fn message(&self, message: &Message, out: &mut Vec<Frame>) {
+            out.push(message.encoded(1, |m| {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Frame {
+                    head: Bytes::new(),
+                    body: m.payload().clone(),
+                }
+            }));
+        }
+        fn reply(&self, _: &Reply) -> Frame {
+            Frame::default()
+        }
+        fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
+            Frame::default()
+        }
+    }
+
+    /// A protocol of single bytes: `s` subscribes to `t`, `p` is answered `pong`, `q` ends
+    /// the connection.
+    struct Bytewise(Arc<AtomicUsize>);
+
+    impl Protocol for Bytewise {
+        fn codec(&self) -> Codec {
+            Arc::new(Counting(self.0.clone()))
+        }
+        fn keepalive(&self) -> Keepalive {
+            Keepalive::default()
+        }
+        fn input(&mut self, cx: &mut Context<'_>, input: Input) -> Result<(), Disconnect> {
+            let Input::Bytes(bytes) = input else {
+                panic!("a stream delivers bytes");
+            };
+            for byte in bytes {
+                match byte {
+                    b's' => cx.request(Request::Subscribe(Subscribe {
+                        topic: "t".into(),
+                        ..Subscribe::default()
+                    })),
+                    b'p' => {
+                        cx.send(Frame {
+                            head: Bytes::from_static(b"pong"),
+                            body: Bytes::new(),
+                        });
+                    }
+                    b'q' => return Err(Disconnect::ProtocolError),
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// A node serving [`Bytewise`] on a TCP port of its own; its codec's count of encodings.
+    async fn bytewise(config: Config) -> (Arc<Node>, SocketAddr, Arc<AtomicUsize>) {
+        let node = Node::new(config).unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let encodes = Arc::new(AtomicUsize::new(0));
+        let counter = encodes.clone();
+        tokio::spawn(serve_stream(
+            listener,
+            node.clone(),
+            move |_: &Node| Bytewise(counter.clone()),
+            std::future::pending(),
+        ));
+        (node, addr, encodes)
+    }
+
+    async fn read_exactly(client: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut got = vec![0; n];
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got))
+            .await
+            .expect("in time")
+            .expect("read");
+        got
+    }
+
+    /// Subscribes (`s`), and returns once the subscription is made: a `p` after it is
+    /// answered only once the `s` is carried out.
+    async fn subscribed(addr: SocketAddr) -> TcpStream {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"sp").await.unwrap();
+        assert_eq!(read_exactly(&mut client, 4).await, b"pong");
+        client
+    }
+
+    async fn publish(node: &Node, payload: &'static [u8]) {
+        let publish = Publish {
+            id: None,
+            topic: "t".into(),
+            payload: Bytes::from_static(payload),
+            kind: PayloadKind::Binary,
+            content_type: None,
+            stamp: false,
+        };
+        node.publish_http(&publish, 0).await.unwrap();
+    }
+
+    /// A protocol on its own port speaks plain bytes both ways: its answers, the messages of
+    /// its subscriptions, and at the end no WebSocket close frame, the stream just ends.
+    #[tokio::test]
+    async fn a_stream_protocol_speaks_plain_bytes_over_tcp() {
+        let (node, addr, _) = bytewise(Config::default()).await;
+        let mut client = subscribed(addr).await;
+        publish(&node, b"hello").await;
+        assert_eq!(read_exactly(&mut client, 5).await, b"hello");
+        client.write_all(b"q").await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest))
+            .await
+            .expect("closed in time")
+            .expect("read");
+        assert_eq!(rest, b"", "nothing after the last message, no close frame");
+    }
+
+    /// A message sent to several connections of one protocol is encoded once: the server's
+    /// path from the engine to each socket shares the codec's bytes.
+    #[tokio::test]
+    async fn a_message_is_encoded_once_for_every_connection_of_a_protocol() {
+        let (node, addr, encodes) = bytewise(Config::default()).await;
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(subscribed(addr).await);
+        }
+        publish(&node, b"once").await;
+        for client in &mut clients {
+            assert_eq!(read_exactly(client, 4).await, b"once");
+        }
+        assert_eq!(encodes.load(Ordering::Relaxed), 1);
+    }
+
+    /// A stream listener's sockets count against `max_connections` like the HTTP port's.
+    #[tokio::test]
+    async fn a_stream_listener_counts_against_max_connections() {
+        let config = Config {
+            max_connections: 1,
+            ..Config::default()
+        };
+        let (_node, addr, _) = bytewise(config).await;
+        let _first = subscribed(addr).await;
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), second.read_to_end(&mut rest));
+        assert!(read.await.expect("closed in time").is_ok_and(|n| n == 0));
+    }
 
     /// A burst of clients larger than tokio's default backlog (128) all connect while nothing
     /// accepts yet (a herald too busy to call `accept()`): the kernel queues them rather than

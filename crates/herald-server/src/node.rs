@@ -7,7 +7,7 @@ use crate::cluster::{self, Broker, Events};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::flush::Pending;
-use crate::limits::IpLimits;
+use crate::limits::{IpLimits, Sockets};
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Origin, Published};
@@ -33,6 +33,9 @@ pub struct Node {
     pub auth: Option<Arc<Authenticator>>,
     /// Connections and connection attempts per source IP.
     pub ip_limits: Arc<IpLimits>,
+    /// Every socket herald's listeners accepted (the HTTP port's and any protocol's own),
+    /// counted together against `max_connections`.
+    pub sockets: Arc<Sockets>,
     /// TLS on the listener; `None` for plain HTTP.
     pub tls: Option<Arc<Tls>>,
     /// The broker to other nodes; `None`: this node is alone and the engine is the whole
@@ -77,14 +80,23 @@ impl Node {
         if broker.is_some() {
             engine.track_interest();
         }
+        let metrics = Arc::new(metrics);
+        let auth = Authenticator::from_config(&config.auth)?.map(Arc::new);
+        let sockets = Sockets::new(
+            config.max_connections,
+            &config.limits,
+            auth.is_some(),
+            metrics.clone(),
+        );
         Ok(Arc::new(Node {
             engine: Mutex::new(engine),
-            metrics: Arc::new(metrics),
+            metrics,
             broker,
             released: Notify::new(),
             sessions: TaskTracker::new(),
-            auth: Authenticator::from_config(&config.auth)?.map(Arc::new),
+            auth,
             ip_limits: IpLimits::new(config.limits.clone()),
+            sockets,
             tls: Tls::from_config(&config.tls)?,
             holds: Mutex::default(),
             origins: Mutex::default(),

@@ -1,4 +1,5 @@
-//! The byte stream under a WebSocket session, taken out of hyper after the upgrade.
+//! The byte stream under a session: a WebSocket's, taken out of hyper after the upgrade, or a
+//! plain TCP or TLS stream accepted by a stream listener (MQTT, STOMP).
 //!
 //! A plain TCP socket is split without a lock (`TcpStream::into_split`), so that its write half
 //! can be written to directly by the task that queued a frame (see [`crate::flush`]) as well as
@@ -30,6 +31,8 @@ pub enum SocketRead {
         guard: Held,
     },
     Split(tokio::io::ReadHalf<TokioIo<Upgraded>>),
+    /// Any other stream (TLS accepted by a stream listener), holding its places in the counts.
+    Boxed(Box<dyn AsyncRead + Send + Unpin>),
 }
 
 impl SocketRead {
@@ -37,7 +40,7 @@ impl SocketRead {
     pub fn take_ahead(&mut self) -> Bytes {
         match self {
             SocketRead::Tcp { ahead, .. } => std::mem::take(ahead),
-            SocketRead::Split(_) => Bytes::new(),
+            SocketRead::Split(_) | SocketRead::Boxed(_) => Bytes::new(),
         }
     }
 
@@ -68,6 +71,10 @@ impl SocketRead {
                 buf.reserve(want);
                 io.read_buf(buf).await
             }
+            SocketRead::Boxed(io) => {
+                buf.reserve(want);
+                io.read_buf(buf).await
+            }
         }
     }
 }
@@ -84,6 +91,31 @@ thread_local! {
 pub enum SocketWrite {
     Tcp(OwnedWriteHalf),
     Split(tokio::io::WriteHalf<TokioIo<Upgraded>>),
+    Boxed(Box<dyn AsyncWrite + Send + Unpin>),
+}
+
+/// Splits a plain TCP socket accepted by a stream listener (no HTTP before it), the lock-free
+/// way; `held`: its places in the counts, kept while the session reads.
+pub fn split_tcp(tcp: TcpStream, held: Held) -> (SocketRead, SocketWrite) {
+    let (half, write) = tcp.into_split();
+    let read = SocketRead::Tcp {
+        half,
+        ahead: Bytes::new(),
+        guard: held,
+    };
+    (read, SocketWrite::Tcp(write))
+}
+
+/// Splits any other stream (TLS) accepted by a stream listener; its halves share a lock.
+pub fn split_boxed<S>(io: S, held: Held) -> (SocketRead, SocketWrite)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (read, write) = tokio::io::split(Guarded::new(io, held));
+    (
+        SocketRead::Boxed(Box::new(read)),
+        SocketWrite::Boxed(Box::new(write)),
+    )
 }
 
 /// Splits an upgraded connection, the lock-free way when it is plain TCP accepted by herald's
@@ -116,6 +148,7 @@ impl AsyncWrite for SocketWrite {
         match self.get_mut() {
             SocketWrite::Tcp(io) => Pin::new(io).poll_write(cx, buf),
             SocketWrite::Split(io) => Pin::new(io).poll_write(cx, buf),
+            SocketWrite::Boxed(io) => Pin::new(io).poll_write(cx, buf),
         }
     }
 
@@ -127,6 +160,7 @@ impl AsyncWrite for SocketWrite {
         match self.get_mut() {
             SocketWrite::Tcp(io) => Pin::new(io).poll_write_vectored(cx, bufs),
             SocketWrite::Split(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            SocketWrite::Boxed(io) => Pin::new(io).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -134,6 +168,7 @@ impl AsyncWrite for SocketWrite {
         match self {
             SocketWrite::Tcp(io) => io.is_write_vectored(),
             SocketWrite::Split(io) => io.is_write_vectored(),
+            SocketWrite::Boxed(io) => io.is_write_vectored(),
         }
     }
 
@@ -141,6 +176,7 @@ impl AsyncWrite for SocketWrite {
         match self.get_mut() {
             SocketWrite::Tcp(io) => Pin::new(io).poll_flush(cx),
             SocketWrite::Split(io) => Pin::new(io).poll_flush(cx),
+            SocketWrite::Boxed(io) => Pin::new(io).poll_flush(cx),
         }
     }
 
@@ -148,6 +184,7 @@ impl AsyncWrite for SocketWrite {
         match self.get_mut() {
             SocketWrite::Tcp(io) => Pin::new(io).poll_shutdown(cx),
             SocketWrite::Split(io) => Pin::new(io).poll_shutdown(cx),
+            SocketWrite::Boxed(io) => Pin::new(io).poll_shutdown(cx),
         }
     }
 }

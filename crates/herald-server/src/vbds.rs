@@ -11,34 +11,25 @@
 //! images published meanwhile and, when it acknowledges, gets the newest complete one (it
 //! subscribes with the `conflate` policy).
 
-use crate::clock::now_us;
-use crate::connection::{write_frames, Connection, QueueLimits};
-use crate::frame_reader::FrameReader;
-use crate::limits::{SocketHandle, Sockets};
-use crate::metrics::Disconnect;
+use crate::connection::Framing;
+use crate::limits::SocketHandle;
 use crate::node::Node;
-use crate::ws::{self, ReadHalf, WriteHalf};
+use crate::protocol::native::Native;
+use crate::protocol::vbds::{Progress, Subscriber};
+use crate::session::{self, Protocol, Transport};
+use crate::ws;
 use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use bytes::Bytes;
-use herald_core::codec::{Encode, Frame};
-use herald_core::message::Message;
-use herald_core::policy::Policy;
-use herald_core::reply::{DropReason, Reply};
-use herald_core::request::{PayloadKind, Publish, Request as WireRequest, Subscribe};
-use herald_core::wire::{self, client_frames::Inbound};
+use herald_core::request::{PayloadKind, Publish};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
-
-/// Bytes per binary chunk of an image sent to a VBDS subscriber.
-const CHUNK: usize = 256 << 10;
 
 /// The herald topic of VBDS stream `name`.
 pub fn topic(name: &str) -> String {
@@ -55,29 +46,8 @@ struct Streams {
 struct Stream {
     content_type: String,
     lossless: bool,
-    subscribers: Vec<Subscriber>,
-}
-
-/// What the stream knows of one connected VBDS subscriber: how far it is.
-struct Subscriber {
-    progress: watch::Receiver<Progress>,
-}
-
-/// Where a VBDS subscriber is: what a publish waits on before replying 202.
-#[derive(Clone, Copy, Debug, Default)]
-struct Progress {
-    /// The newest image (seq) written to it whole.
-    sent: u64,
-    /// The image it is being sent or has not acknowledged yet.
-    busy_with: Option<u64>,
-}
-
-impl Progress {
-    /// Whether image `seq` has been delivered to this subscriber, or skipped for it (it is busy
-    /// with an older image, and will get the newest when it acknowledges).
-    fn settled(&self, seq: u64, lossless: bool) -> bool {
-        self.sent >= seq || (!lossless && self.busy_with.is_some_and(|b| b < seq))
-    }
+    /// How far each connected VBDS subscriber is (see [`Progress`]).
+    subscribers: Vec<watch::Receiver<Progress>>,
 }
 
 /// The `/vbds/...` routes, sharing the streams they create; `max_message_bytes` bounds an
@@ -223,12 +193,8 @@ async fn transfer(
         };
         stream
             .subscribers
-            .retain(|s| s.progress.has_changed().is_ok());
-        stream
-            .subscribers
-            .iter()
-            .map(|s| s.progress.clone())
-            .collect()
+            .retain(|progress| progress.has_changed().is_ok());
+        stream.subscribers.clone()
     };
     // A subscriber that stops reading in the middle of an image must not hold the publisher for
     // ever: the wait is bounded like a lossless hold.
@@ -242,6 +208,9 @@ async fn transfer(
     StatusCode::ACCEPTED.into_response()
 }
 
+/// `GET /vbds/access/streams/{name}`: a WebSocket on which the client is sent the stream's
+/// images (see [`crate::protocol::vbds`]), kept alive like a native client's. With auth on,
+/// its token must allow subscribing to the stream's topic.
 async fn access(
     State(node): State<Arc<Node>>,
     Extension(streams): Extension<Arc<Streams>>,
@@ -251,211 +220,18 @@ async fn access(
     let Some(lossless) = streams.streams.lock().get(&name).map(|s| s.lossless) else {
         return missing(StatusCode::NOT_FOUND, &name);
     };
-    // Its partly received messages count against the server-wide budget like any session's.
-    let budget = request
-        .extensions()
-        .get::<SocketHandle>()
-        .map(|s| s.sockets().clone());
-    ws::accept(node, request, move |node, read, write, _token| {
-        run_subscriber(node, streams, name, lossless, read, write, budget)
+    let socket = request.extensions().get::<SocketHandle>().cloned();
+    ws::accept(node, request, move |node, read, write, token| {
+        let keepalive = Native::new(&node.config).keepalive();
+        let (subscriber, progress) = Subscriber::new(topic(&name), lossless, keepalive);
+        if let Some(stream) = streams.streams.lock().get_mut(&name) {
+            stream.subscribers.push(progress);
+        }
+        let transport = Transport {
+            read,
+            write,
+            framing: Framing::WebSocket,
+        };
+        session::run(node, transport, socket, token, subscriber)
     })
-}
-
-/// VBDS's encoding of what a subscriber is sent. Its writer sends an image in chunks, one image
-/// at a time (see [`run_subscriber`]), so this codec's frame of a message is what the writer
-/// needs rather than bytes to write: the image (`body`) and its seq (`head`, 8 bytes
-/// big-endian). VBDS has no place for replies or notices: they are empty frames, which the
-/// writer skips. Not cached in the message: it is a refcount and 8 bytes.
-struct Images;
-
-impl Encode for Images {
-    fn message(&self, message: &Message, out: &mut Vec<Frame>) {
-        out.push(Frame {
-            head: Bytes::copy_from_slice(&message.seq().to_be_bytes()),
-            body: message.payload().clone(),
-        });
-    }
-
-    fn reply(&self, _: &Reply) -> Frame {
-        Frame::default()
-    }
-
-    fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
-        Frame::default()
-    }
-}
-
-/// The seq of an image [`Images`] encoded, or `None` for any other frame.
-fn image_seq(frame: &Frame) -> Option<u64> {
-    let seq = <[u8; 8]>::try_from(&frame.head[..]).ok()?;
-    Some(u64::from_be_bytes(seq))
-}
-
-/// One VBDS subscriber: an engine connection on the stream's topic whose messages are sent
-/// the VBDS way, one image at a time, the next only after the client's acknowledgement.
-async fn run_subscriber(
-    node: Arc<Node>,
-    streams: Arc<Streams>,
-    name: String,
-    lossless: bool,
-    read: ReadHalf,
-    mut write: WriteHalf,
-    budget: Option<Arc<Sockets>>,
-) {
-    let conn = Connection::speaking(
-        Arc::new(Images),
-        QueueLimits::of(&node.config),
-        node.metrics.clone(),
-    );
-    let id = node.engine.lock().connect(conn.clone());
-    let pattern = topic(&name);
-    let subscribe = WireRequest::Subscribe(Subscribe {
-        topic: pattern.clone(),
-        policy: Some(if lossless {
-            Policy::Lossless
-        } else {
-            Policy::Conflate
-        }),
-        window: Some(1),
-        ..Subscribe::default()
-    });
-    let _ = node.engine.lock().handle(id, subscribe, now_us());
-    let (progress, rx) = watch::channel(Progress::default());
-    if let Some(stream) = streams.streams.lock().get_mut(&name) {
-        stream.subscribers.push(Subscriber { progress: rx });
-    }
-    let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
-    let reader = read_acks(&node, &conn, read, budget, acks_tx);
-    let writer = async {
-        let mut batch = Vec::new();
-        loop {
-            let closed = conn.next_frames(&mut batch).await;
-            if closed {
-                // Cut off (a `lossless` subscriber that stopped acknowledging) or shut down:
-                // the close frame is the last thing queued.
-                let close = batch.pop().into_iter().collect();
-                return write_frames(&mut write, &mut { close }).await;
-            }
-            // Conflation leaves at most one image waiting; replies and notices are not VBDS's.
-            let image = batch
-                .drain(..)
-                .filter_map(|f| image_seq(&f).map(|s| (s, f)))
-                .last();
-            if let Some((seq, frame)) = image {
-                progress.send_modify(|p| p.busy_with = Some(seq));
-                write_frames(&mut write, &mut chunks(frame.body)).await?;
-                progress.send_modify(|p| p.sent = seq);
-                tokio::select! {
-                    ack = acks.recv() => if ack.is_none() {
-                        break;
-                    },
-                    // Cut while waiting for the acknowledgement: the loop sends the close.
-                    () = conn.cut_off() => continue,
-                }
-                if lossless {
-                    let credit = WireRequest::Credit {
-                        id: None,
-                        topic: pattern.clone(),
-                        n: 1,
-                        bytes: 0,
-                    };
-                    let _ = node.engine.lock().handle(id, credit, now_us());
-                    node.released.notify_waiters();
-                }
-                progress.send_modify(|p| p.busy_with = None);
-            }
-        }
-        Ok::<(), std::io::Error>(())
-    };
-    tokio::select! {
-        _ = reader => {}
-        _ = writer => {}
-    }
-    // Closed by the reader (a bad frame, the partly received bytes budget): its close frame
-    // is still queued.
-    if conn.is_closing() {
-        let grace = std::time::Duration::from_secs(node.config.shutdown_grace_secs);
-        let mut batch = Vec::new();
-        let _ = tokio::time::timeout(grace, async {
-            if conn.next_frames(&mut batch).await {
-                let close = batch.pop().into_iter().collect();
-                let _ = write_frames(&mut write, &mut { close }).await;
-            }
-        })
-        .await;
-    }
-    node.disconnect(id);
-    node.metrics
-        .disconnected(conn.close_reason().unwrap_or(Disconnect::ClientClosed));
-}
-
-/// An image as VBDS sends it: binary chunks of at most [`CHUNK`] bytes, never one of exactly one
-/// byte (a VBDS client takes a one-byte message for the end of the image), then the one-byte
-/// message `\n`.
-fn chunks(image: Bytes) -> Vec<Frame> {
-    let mut frames = Vec::with_capacity(image.len() / CHUNK + 2);
-    let mut at = 0;
-    while at < image.len() {
-        let left = image.len() - at;
-        let mut take = left.min(CHUNK);
-        if left - take == 1 || (take == 1 && at > 0) {
-            take -= 1;
-        }
-        frames.push(wire::encode_binary(image.slice(at..at + take)));
-        at += take;
-    }
-    frames.push(wire::encode_binary(Bytes::from_static(b"\n")));
-    frames
-}
-
-/// Reads the client's messages: each one acknowledges an image.
-async fn read_acks(
-    node: &Node,
-    conn: &Arc<Connection>,
-    read: ReadHalf,
-    budget: Option<Arc<Sockets>>,
-    acks: tokio::sync::mpsc::UnboundedSender<()>,
-) {
-    let mut reader = FrameReader::new(read, ws::frame_limit(node)).with_budget(budget);
-    loop {
-        match reader.next().await {
-            Ok(Inbound::Message { .. }) if acks.send(()).is_err() => return,
-            Ok(Inbound::Close(_)) => return,
-            Ok(_) => {}
-            Err(e) => {
-                ws::close_for_error(conn, &e);
-                return;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn no_chunk_is_one_byte_and_the_image_is_whole() {
-        for len in [
-            0,
-            1,
-            2,
-            3,
-            CHUNK - 1,
-            CHUNK,
-            CHUNK + 1,
-            CHUNK + 2,
-            3 * CHUNK + 1,
-        ] {
-            let image = Bytes::from((0..len).map(|i| i as u8).collect::<Vec<_>>());
-            let frames = chunks(image.clone());
-            let (last, data) = frames.split_last().unwrap();
-            assert_eq!(&last.body[..], b"\n");
-            let joined: Vec<u8> = data.iter().flat_map(|f| f.body.to_vec()).collect();
-            assert_eq!(joined, image.to_vec(), "{len}");
-            if len != 1 {
-                assert!(data.iter().all(|f| f.body.len() > 1), "{len}");
-            }
-        }
-    }
 }

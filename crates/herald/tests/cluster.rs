@@ -1462,3 +1462,29 @@ fn an_account_of_its_own_keeps_herald_subjects_to_herald_nodes() {
     );
     assert_eq!(b.metric("herald_cluster_messages_in_total"), 2);
 }
+
+/// A VBDS subscriber's interest reaches NATS as soon as it connects, with no other request to
+/// carry it: an image published on another node reaches it.
+#[tokio::test]
+async fn a_vbds_subscriber_receives_images_published_on_another_node() {
+    let nats = Nats::start_with(false);
+    let (a, b) = (Node::start(&nats, &[]), Node::start(&nats, &[]));
+    let created =
+        a.http(b"POST /vbds/admin/streams/cam HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    assert!(created.starts_with("HTTP/1.1 200"), "{created}");
+    let url = format!("ws://{}:{}/vbds/access/streams/cam", a.host, a.port);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    // Published until the first chunk arrives: the subscription is made as the socket opens,
+    // and reaches NATS a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let image = loop {
+        assert!(Instant::now() < deadline, "no image within 10 s");
+        b.publish("vbds/cam", b"image-bytes");
+        match tokio::time::timeout(Duration::from_millis(300), ws.next()).await {
+            Ok(Some(Ok(Message::Binary(chunk)))) => break chunk,
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => {}
+        }
+    };
+    assert_eq!(&image[..], b"image-bytes");
+}

@@ -1,5 +1,9 @@
-//! The wire protocols herald speaks besides its native one, one module each: each decodes a
-//! client's requests and encodes what herald sends, and knows nothing of sockets or sessions.
+//! The wire protocols herald speaks, one module each: each decodes a client's requests and
+//! encodes what herald sends. A protocol's session side implements
+//! [`crate::session::Protocol`] (`native`, `vbds`); its codec knows nothing of sockets or
+//! sessions (`mqtt`, `stomp`).
 
 pub mod mqtt;
+pub mod native;
 pub mod stomp;
+pub mod vbds;
