@@ -253,7 +253,7 @@ async fn missing_topic(State(node): State<Arc<Node>>) -> Response {
 async fn not_found() -> Response {
     let e = ProtocolError::new(
         "not_found",
-        "no such endpoint; herald serves /, /ws, /healthz, /metrics, /api/stats, /api/topics and POST /api/publish/{topic}",
+        "no such endpoint; herald serves /, /ws, /stomp, /healthz, /metrics, /api/stats, /api/topics and POST /api/publish/{topic}",
     );
     error(StatusCode::NOT_FOUND, e)
 }
