@@ -19,7 +19,6 @@ import pytest
 import requests
 import stomp
 from stomp.adapter.ws import WSStompConnection
-
 from test_auth import SECRET, token
 from test_protocol import (
     STEP,
@@ -191,7 +190,7 @@ def test_binary_bodies_with_nuls_arrive_byte_for_byte_with_receipts(herald, tran
 
 def test_client_individual_acks_give_credit_back(herald):
     sub, got = stomp_tcp(herald)
-    pub, pub_got = stomp_tcp(herald)
+    pub, _ = stomp_tcp(herald)
     sub.subscribe(
         "/topic/py/credit", id="s", ack="client-individual", headers={"prefetch-count": "2", "receipt": "r"}
     )
@@ -312,7 +311,7 @@ def test_passcode_carries_a_herald_token_and_its_grants(secured):
 
 @pytest.mark.parametrize("passcode", [None, "not-a-token", token(sub=["a"], ttl=-10)], ids=["none", "garbage", "expired"])
 def test_a_missing_or_bad_passcode_is_an_error_then_the_close(secured, passcode):
-    conn, got = stomp_tcp(secured, passcode=passcode)
+    _, got = stomp_tcp(secured, passcode=passcode)
     got.wait(lambda c: c.errors and c.disconnected, what="ERROR then close")
     assert not got.connected
     assert "message" in got.errors[0].headers
