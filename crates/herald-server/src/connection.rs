@@ -104,12 +104,7 @@ impl Outbox for Connection {
         let closes = self.codec.closes_after(reply);
         self.send(self.codec.reply(reply));
         if closes {
-            match reply {
-                Reply::Error { message, .. } => {
-                    self.close(Disconnect::ProtocolError, 1002, message)
-                }
-                _ => self.close(Disconnect::ClientClosed, 1000, "disconnected"),
-            }
+            self.close_after(reply);
         }
     }
 
@@ -296,7 +291,21 @@ impl Connection {
     /// refusal), encoded by the codec; like [`Connection::send_control`], never counted
     /// against the consumer.
     pub fn answer(&self, reply: &Reply) -> Pushed {
-        self.send_control(self.codec.reply(reply))
+        let closes = self.codec.closes_after(reply);
+        let pushed = self.send_control(self.codec.reply(reply));
+        if closes {
+            self.close_after(reply);
+        }
+        pushed
+    }
+
+    /// Closes after `reply`, which the codec says ends the connection (a STOMP ERROR, or the
+    /// RECEIPT of a DISCONNECT).
+    fn close_after(&self, reply: &Reply) {
+        match reply {
+            Reply::Error { message, .. } => self.close(Disconnect::ProtocolError, 1002, message),
+            _ => self.close(Disconnect::ClientClosed, 1000, "disconnected"),
+        }
     }
 
     /// Resolves once the connection is closing: for a writer that waits on something besides

@@ -26,6 +26,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/metrics", get(metrics))
         .route("/ws", get(ws::upgrade))
         .route("/mqtt", get(ws::upgrade_mqtt))
+        .route("/stomp", get(ws::upgrade_stomp))
         .route("/api/publish", post(missing_topic))
         .route("/api/publish/", post(missing_topic))
         .route("/api/publish/{*topic}", post(publish))
@@ -253,7 +254,7 @@ async fn missing_topic(State(node): State<Arc<Node>>) -> Response {
 async fn not_found() -> Response {
     let e = ProtocolError::new(
         "not_found",
-        "no such endpoint; herald serves /, /ws, /healthz, /metrics, /api/stats, /api/topics and POST /api/publish/{topic}",
+        "no such endpoint; herald serves /, /ws, /stomp, /healthz, /metrics, /api/stats, /api/topics and POST /api/publish/{topic}",
     );
     error(StatusCode::NOT_FOUND, e)
 }

@@ -2,7 +2,8 @@
 //!
 //! - [`auth`]: tokens, grants, the admin key, allowed origins.
 //! - [`config`]: layered configuration (defaults, TOML, `HERALD_*`, flags).
-//! - [`http`]: the routes — `/ws`, `/mqtt`, `POST /api/publish/{topic}`, `/healthz`, `/metrics`, `/`.
+//! - [`http`]: the routes — `/ws`, `/mqtt`, `/stomp`, `POST /api/publish/{topic}`, `/healthz`,
+//!   `/metrics`, `/`.
 //! - [`refusal`]: how an HTTP route refuses a request; the admin check.
 //! - [`session`]: what every connection needs whatever its protocol, and the [`session::Protocol`]
 //!   trait a protocol implements.
@@ -69,6 +70,8 @@ pub struct Server {
     listener: TcpListener,
     /// The plain MQTT listener, when `mqtt_listen` is set.
     mqtt: Option<TcpListener>,
+    /// The plain STOMP listener, when `stomp_listen` is set.
+    stomp: Option<TcpListener>,
     node: Arc<Node>,
 }
 
@@ -86,6 +89,12 @@ impl Server {
             })?),
             None => None,
         };
+        let stomp = match config.stomp_listen {
+            Some(addr) => Some(listener::bind(addr).with_context(|| {
+                format!("cannot listen for STOMP on {addr}; is another process using it? (change it with --stomp-listen)")
+            })?),
+            None => None,
+        };
         let node = Node::new(config)?;
         if let Some(auth) = &node.auth {
             // Start with the keys if the URL answers; the refresher retries if it does not.
@@ -98,6 +107,7 @@ impl Server {
         Ok(Server {
             listener,
             mqtt,
+            stomp,
             node,
         })
     }
@@ -111,6 +121,11 @@ impl Server {
     /// Where the plain MQTT listener listens, if it does.
     pub fn mqtt_addr(&self) -> Option<SocketAddr> {
         self.mqtt.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Where the plain STOMP listener listens, if it does.
+    pub fn stomp_addr(&self) -> Option<SocketAddr> {
+        self.stomp.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -128,7 +143,7 @@ impl Server {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }
         let sweeper = tokio::spawn(Node::sweep(Arc::downgrade(&node)));
-        // Both listeners stop accepting at shutdown.
+        // Every listener stops accepting at shutdown.
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mqtt = self.mqtt.map(|tcp| {
             tracing::info!(mqtt_listen = %tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(), "herald serving MQTT");
@@ -139,6 +154,23 @@ impl Server {
             tokio::spawn(listener::serve_stream(tcp, node.clone(), mqtt, async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             }))
+        });
+        let stomp = self.stomp.map(|tcp| {
+            let addr = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::info!(stomp_listen = %addr, "herald serving STOMP");
+            let mut stopped = stopped.clone();
+            let stomp = |node: &Node| {
+                let settings = protocol::stomp::session::Settings::of(&node.config);
+                protocol::stomp::session::StompSession::new(settings, connection::Framing::Stream)
+            };
+            tokio::spawn(listener::serve_stream(
+                tcp,
+                node.clone(),
+                stomp,
+                async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                },
+            ))
         });
         let closing = node.clone();
         listener::serve(
@@ -156,6 +188,9 @@ impl Server {
         sweeper.abort();
         if let Some(mqtt) = mqtt {
             let _ = mqtt.await;
+        }
+        if let Some(stomp) = stomp {
+            let _ = stomp.await;
         }
         node.sessions.close();
         let grace = Duration::from_secs(node.config.shutdown_grace_secs + 1);

@@ -296,14 +296,13 @@ mod tests {
 
     impl Encode for Counting {
         fn message(&self, message: &Message, out: &mut Vec<Frame>) {
-            let frame = message.encoded(1, |m| {
+            out.push(message.encoded(1, |m| {
                 self.0.fetch_add(1, Ordering::Relaxed);
                 Frame {
                     head: Bytes::new(),
                     body: m.payload().clone(),
                 }
-            });
-            out.push(frame);
+            }));
         }
         fn reply(&self, _: &Reply) -> Frame {
             Frame::default()

@@ -54,12 +54,24 @@ pub enum Input {
 /// How the session watches that the client is still there.
 #[derive(Clone, Debug, Default)]
 pub struct Keepalive {
-    /// Sent once the client has been quiet this long, and again as long as it stays quiet
-    /// (herald's own protocol: a WebSocket ping; STOMP: a heart-beat). `None`: the protocol
-    /// sends nothing of its own accord (MQTT: the client pings).
-    pub ping: Option<(Duration, Frame)>,
+    /// What herald sends of its own accord, and when. `None`: nothing (MQTT: the client
+    /// pings).
+    pub ping: Option<Ping>,
     /// The connection is closed once nothing at all has arrived for this long; zero: never.
     pub idle: Duration,
+}
+
+/// A frame herald sends to keep a connection alive.
+#[derive(Clone, Debug)]
+pub struct Ping {
+    pub every: Duration,
+    pub frame: Frame,
+    /// `false`: sent once the client has been quiet for `every`, and again as long as it
+    /// stays quiet (herald's own protocol: a WebSocket ping, which asks for a pong).
+    /// `true`: sent every `every` whatever the client does (a STOMP heart-beat: herald
+    /// promises the client to send something at least that often; a one-byte beat between
+    /// frames costs less than noting the time of every write).
+    pub steady: bool,
 }
 
 /// A protocol's own writer, for a protocol whose writes are not simply its queue's frames in
@@ -543,19 +555,21 @@ impl Activity {
 }
 
 /// Sends the protocol's ping once the client has been quiet for its interval, and again every
-/// interval while it stays quiet; closes the connection (1001) once nothing, not even a pong,
+/// interval while it stays quiet (a steady ping: every interval regardless); closes the connection (1001) once nothing, not even a pong,
 /// has arrived for the idle timeout. A client that answers pings is thus never idle, even with
 /// the idle timeout as short as the ping interval plus its round trip. Follows the protocol's
 /// changes ([`Context::set_keepalive`]); never completes while it asks for neither.
 async fn keepalive(conn: &Connection, activity: &Activity) -> Disconnect {
-    let mut pinged: Option<Instant> = None;
+    // When the last ping went, or the keep-alive last changed: an interval starts at either.
+    let mut pinged = Instant::now();
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
     loop {
         let Keepalive { ping, idle } = activity.keepalive.lock().clone();
-        let every = ping.as_ref().map_or(Duration::ZERO, |(every, _)| *every);
+        let every = ping.as_ref().map_or(Duration::ZERO, |ping| ping.every);
         if idle.is_zero() && every.is_zero() {
             activity.changed.notified().await;
+            pinged = Instant::now();
             continue;
         }
         let quiet = activity.quiet_for();
@@ -569,11 +583,14 @@ async fn keepalive(conn: &Connection, activity: &Activity) -> Disconnect {
         } else {
             idle - quiet
         };
-        if let Some((every, frame)) = ping.filter(|(every, _)| !every.is_zero()) {
-            let since_ping = pinged.map_or(Duration::MAX, |at| at.elapsed());
+        if let Some(ping) = ping.filter(|ping| !ping.every.is_zero()) {
+            let every = ping.every;
+            let since_ping = pinged.elapsed();
+            // A steady beat does not wait for the client's silence.
+            let quiet = if ping.steady { every } else { quiet };
             if quiet >= every && since_ping >= every {
-                conn.send_control(frame);
-                pinged = Some(Instant::now());
+                conn.send_control(ping.frame);
+                pinged = Instant::now();
                 wait = wait.min(every);
             } else {
                 let due = every
@@ -587,12 +604,13 @@ async fn keepalive(conn: &Connection, activity: &Activity) -> Disconnect {
             Some(at) => sleep.as_mut().reset(at),
             None => {
                 activity.changed.notified().await;
+                pinged = Instant::now();
                 continue;
             }
         }
         tokio::select! {
             () = sleep.as_mut() => {}
-            () = activity.changed.notified() => {}
+            () = activity.changed.notified() => pinged = Instant::now(),
         }
     }
 }

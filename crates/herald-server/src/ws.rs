@@ -2,8 +2,9 @@
 //! runs: the upgrade itself, the origin check, the token the request presents.
 //!
 //! fastwebsockets answers the handshake; the session that follows is [`crate::session`]'s,
-//! with herald's own protocol ([`crate::protocol::native`]) on `/ws`, and MQTT
-//! ([`crate::protocol::mqtt::session`]) on `/mqtt`.
+//! with herald's own protocol ([`crate::protocol::native`]) on `/ws`, MQTT
+//! ([`crate::protocol::mqtt::session`]) on `/mqtt`, and STOMP
+//! ([`crate::protocol::stomp::session`]) on `/stomp`.
 
 use crate::auth;
 use crate::connection::Framing;
@@ -12,6 +13,7 @@ use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
 use crate::protocol::mqtt::{self, session::Mqtt};
 use crate::protocol::native::Native;
+use crate::protocol::stomp::session::{Settings as StompSettings, StompSession};
 use crate::session::{self, Transport};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -32,26 +34,19 @@ pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Respons
     })
 }
 
-/// MQTT over WebSocket (`/mqtt`): the subprotocol `mqtt`, or `mqttv3.1` for clients that
-/// ask for that, echoed in the response as RFC 6455 requires.
+/// The subprotocols an MQTT client may ask for: `mqtt` (MQTT 3.1.1 and 5.0), and `mqttv3.1`,
+/// which some clients offer.
+const MQTT_SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
+
+/// MQTT over WebSocket (`/mqtt`): an MQTT session on the upgraded connection, its packets in
+/// binary WebSocket messages (split across or several within one, as clients send them).
 pub async fn upgrade_mqtt(State(node): State<Arc<Node>>, request: Request) -> Response {
-    let offered = request
-        .headers()
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .collect::<Vec<_>>();
-    let chosen = ["mqtt", "mqttv3.1"]
-        .into_iter()
-        .find(|p| offered.iter().any(|o| o.eq_ignore_ascii_case(p)));
-    if chosen.is_none() && !offered.is_empty() {
+    let Ok(chosen) = subprotocol(&request, &MQTT_SUBPROTOCOLS) else {
         let msg = "this endpoint speaks MQTT over WebSocket: ask for the subprotocol \"mqtt\"\n";
         return (StatusCode::BAD_REQUEST, msg).into_response();
-    }
+    };
     let socket = request.extensions().get::<SocketHandle>().cloned();
-    let mut response = accept(node, request, move |node, read, write, token| {
+    let response = accept(node, request, move |node, read, write, token| {
         let mqtt = Mqtt::new(&node, mqtt::codec::Transport::WebSocket);
         let transport = Transport {
             read,
@@ -60,6 +55,64 @@ pub async fn upgrade_mqtt(State(node): State<Arc<Node>>, request: Request) -> Re
         };
         session::run(node, transport, socket, token, mqtt)
     });
+    with_subprotocol(response, chosen)
+}
+
+/// The subprotocols a STOMP client may ask for, most preferred first (STOMP 1.2 §
+/// "Connecting"; stompjs and stomp.py offer these names).
+const STOMP_SUBPROTOCOLS: [&str; 3] = ["v12.stomp", "v11.stomp", "v10.stomp"];
+
+/// STOMP over WebSocket (`/stomp`): a STOMP session on the upgraded connection, its frames in
+/// WebSocket messages (split across or several within one, as clients send them).
+pub async fn upgrade_stomp(State(node): State<Arc<Node>>, request: Request) -> Response {
+    let chosen = match subprotocol(&request, &STOMP_SUBPROTOCOLS) {
+        Ok(chosen) => chosen,
+        Err(()) => {
+            let msg = format!(
+                "this endpoint speaks STOMP over WebSocket: ask for one of the subprotocols {}\n",
+                STOMP_SUBPROTOCOLS.join(", ")
+            );
+            return (StatusCode::BAD_REQUEST, msg).into_response();
+        }
+    };
+    let socket = request.extensions().get::<SocketHandle>().cloned();
+    let response = accept(node, request, move |node, read, write, token| {
+        let stomp = StompSession::new(StompSettings::of(&node.config), Framing::WebSocket);
+        let transport = Transport {
+            read,
+            write,
+            framing: Framing::WebSocket,
+        };
+        session::run(node, transport, socket, token, stomp)
+    });
+    with_subprotocol(response, chosen)
+}
+
+/// The first of `supported` the request's `Sec-WebSocket-Protocol` offers (compared without
+/// regard to case); `Ok(None)` when it offers none at all; `Err` when it offers only others.
+fn subprotocol(request: &Request, supported: &[&'static str]) -> Result<Option<&'static str>, ()> {
+    let offered: Vec<&str> = request
+        .headers()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    if offered.is_empty() {
+        return Ok(None);
+    }
+    supported
+        .iter()
+        .find(|p| offered.iter().any(|o| o.eq_ignore_ascii_case(p)))
+        .map(|p| Some(*p))
+        .ok_or(())
+}
+
+/// Names the chosen subprotocol in a successful handshake's response, as RFC 6455 requires
+/// (a browser fails the connection when it asked for one and none is named).
+fn with_subprotocol(mut response: Response, chosen: Option<&'static str>) -> Response {
     if let (Some(chosen), StatusCode::SWITCHING_PROTOCOLS) = (chosen, response.status()) {
         response.headers_mut().insert(
             header::SEC_WEBSOCKET_PROTOCOL,

@@ -4,7 +4,7 @@
 
 use crate::connection::{self, Codec};
 use crate::metrics::Disconnect;
-use crate::session::{Context, Input, Keepalive, Protocol};
+use crate::session::{Context, Input, Keepalive, Ping, Protocol};
 use herald_core::reply::Reply;
 use herald_core::request;
 use herald_core::wire;
@@ -21,8 +21,11 @@ impl Native {
     pub fn new(config: &crate::Config) -> Native {
         let limits = &config.limits;
         let every = Duration::from_secs(limits.ping_interval_secs);
-        let ping = (!every.is_zero())
-            .then(|| (every, wire::encode_control(wire::OpCode::Ping, b"herald")));
+        let ping = (!every.is_zero()).then(|| Ping {
+            every,
+            frame: wire::encode_control(wire::OpCode::Ping, b"herald"),
+            steady: false,
+        });
         Native {
             keepalive: Keepalive {
                 ping,

@@ -18,6 +18,7 @@
 use super::destination::{destination_of, Dialect};
 use super::encode::{self, ErrorFrame, MessageHead, MessageParts, Subscriber};
 use super::version::Version;
+use crate::connection::Framing;
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::codec::{Encode, Frame};
 use herald_core::message::Message;
@@ -27,15 +28,6 @@ use herald_core::topic;
 use herald_core::wire::{ws_header, OpCode};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-
-/// How the connection carries frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Framing {
-    /// One WebSocket message per frame (text, or binary for a binary payload).
-    WebSocket,
-    /// The bytes as they are (plain TCP or TLS).
-    Stream,
-}
 
 /// A subscription's `ack` mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,16 +16,16 @@
 //! - Every refusal is an ERROR with `message` (and `receipt-id` when the frame had
 //!   `receipt`), then the close, as the specification requires.
 
-use super::codec::{AckMode, AckTarget, Framing, StompCodec, Subscription};
+use super::codec::{AckMode, AckTarget, StompCodec, Subscription};
 use super::decode::{Decoded, Decoder, Limits};
 use super::destination::{self, Dialect};
 use super::encode::{self, ErrorFrame};
 use super::frame::{Command, Frame};
 use super::heartbeat;
 use super::version::{self, Version};
-use crate::connection::Codec;
+use crate::connection::{Codec, Framing};
 use crate::metrics::Disconnect;
-use crate::session::{Context, Input, Keepalive, Protocol};
+use crate::session::{Context, Input, Keepalive, Ping, Protocol};
 use bytes::{Bytes, BytesMut};
 use herald_core::policy::Policy;
 use herald_core::request::{self, PayloadKind, Position, Publish, Request, Subscribe};
@@ -100,7 +100,6 @@ pub struct StompSession {
     buf: BytesMut,
     /// Negotiated by CONNECT; `None` before it.
     version: Option<Version>,
-    keepalive: Keepalive,
     transactions: HashMap<String, Vec<Frame>>,
     /// Body bytes the open transactions hold.
     held_bytes: usize,
@@ -110,16 +109,11 @@ pub struct StompSession {
 
 impl StompSession {
     pub fn new(settings: Settings, framing: Framing) -> StompSession {
-        let keepalive = Keepalive {
-            ping: None,
-            idle: settings.connect_timeout,
-        };
         StompSession {
             codec: Arc::new(StompCodec::new(framing, settings.dialect)),
             decoder: Decoder::new(settings.limits),
             buf: BytesMut::new(),
             version: None,
-            keepalive,
             transactions: HashMap::new(),
             held_bytes: 0,
             disconnected: false,
@@ -204,10 +198,12 @@ impl StompSession {
         self.version = Some(version);
         self.decoder.set_version(version);
         self.codec.set_version(version);
-        self.keepalive = Keepalive {
-            ping: beats
-                .server_sends
-                .map(|every| (every, self.codec.control(encode::HEART_BEAT))),
+        let keepalive = Keepalive {
+            ping: beats.server_sends.map(|every| Ping {
+                every,
+                frame: self.codec.control(encode::HEART_BEAT),
+                steady: true,
+            }),
             idle: beats
                 .client_sends
                 .map_or(Duration::ZERO, |every| every * HEART_BEAT_TOLERANCE),
@@ -224,6 +220,7 @@ impl StompSession {
             self.codec
                 .control(encode::connected(version, offer, server, &session)),
         );
+        cx.set_keepalive(keepalive);
         Ok(())
     }
 
@@ -519,8 +516,12 @@ impl Protocol for StompSession {
         self.codec.clone()
     }
 
+    /// Until CONNECT: nothing sent, and the client has `connect_timeout` to send it.
     fn keepalive(&self) -> Keepalive {
-        self.keepalive.clone()
+        Keepalive {
+            ping: None,
+            idle: self.settings.connect_timeout,
+        }
     }
 
     fn input(&mut self, cx: &mut Context<'_>, input: Input) -> Result<(), Disconnect> {

@@ -1,84 +1,65 @@
-//! The STOMP session and codec on a real node and connection: frames in through
-//! [`Protocol::input`], requests carried out by the engine, and the bytes the connection's
-//! writer would send read back. (Transports are tested over real sockets in tests/.)
+//! The STOMP session and codec on a real node, over a real STOMP listener on 127.0.0.1: frames
+//! in, requests carried out by the engine, and the bytes herald sends read back.
 
-use super::codec::Framing;
 use super::session::{Settings, StompSession};
-use crate::auth::Access;
-use crate::connection::{Connection, QueueLimits};
-use crate::metrics::Disconnect;
+use crate::connection::Framing;
+use crate::listener;
 use crate::node::Node;
-use crate::session::{Context, Input, Protocol};
 use crate::Config;
-use bytes::Bytes;
-use herald_core::engine::ConnId;
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 struct Client {
-    node: Arc<Node>,
-    conn: Arc<Connection>,
-    id: ConnId,
-    access: Access,
-    session: StompSession,
+    io: TcpStream,
+    /// The server closed the connection.
+    ended: bool,
 }
 
 impl Client {
-    fn new(node: &Arc<Node>) -> Client {
-        let session = StompSession::new(Settings::of(&node.config), Framing::Stream);
-        let conn = Connection::speaking(
-            session.codec(),
-            QueueLimits::both(1 << 20),
-            node.metrics.clone(),
-        );
-        let id = node.engine.lock().connect(conn.clone());
-        Client {
-            node: node.clone(),
-            conn,
-            id,
-            access: Access::new(None, Duration::from_secs(5)),
-            session,
-        }
+    async fn new(addr: SocketAddr) -> Client {
+        let io = TcpStream::connect(addr).await.unwrap();
+        Client { io, ended: false }
     }
 
-    /// Feeds `bytes` and carries out the requests they asked for, as the session would.
-    fn send(&mut self, bytes: &[u8]) -> Result<(), Disconnect> {
-        let mut cx = Context {
-            node: &self.node,
-            id: self.id,
-            conn: &self.conn,
-            access: &mut self.access,
-            socket: None,
-            requests: Vec::new(),
-            now_us: 0,
-        };
-        let result = self
-            .session
-            .input(&mut cx, Input::Bytes(Bytes::copy_from_slice(bytes)));
-        for request in std::mem::take(&mut cx.requests) {
-            let _ = self.node.engine.lock().handle(self.id, request, 0);
-        }
-        result
+    async fn send(&mut self, bytes: &[u8]) {
+        self.io.write_all(bytes).await.unwrap();
     }
 
-    /// Everything queued for the client so far.
-    async fn received(&self) -> Vec<u8> {
+    /// Everything the server sends until it is quiet for a moment or closes.
+    async fn received(&mut self) -> Vec<u8> {
         let mut out = Vec::new();
-        let mut batch = Vec::new();
-        while let Ok(closed) =
-            tokio::time::timeout(Duration::from_millis(20), self.conn.next_frames(&mut batch)).await
-        {
-            out.extend(batch.drain(..).flat_map(|f| f.to_vec()));
-            if closed {
-                break;
+        let mut chunk = [0u8; 4096];
+        loop {
+            let read = tokio::time::timeout(Duration::from_millis(150), self.io.read(&mut chunk));
+            match read.await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    self.ended = true;
+                    return out;
+                }
+                Ok(Ok(n)) => out.extend_from_slice(&chunk[..n]),
+                Err(_) => return out,
             }
         }
-        out
+    }
+
+    /// What the server sends before it closes the connection (within 5 s).
+    async fn until_closed(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let read = tokio::time::timeout(Duration::from_secs(5), self.io.read(&mut chunk));
+            match read.await.expect("the server closes within 5 s") {
+                Ok(0) | Err(_) => return out,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
     }
 
     async fn connect(&mut self) {
         self.send(b"CONNECT\naccept-version:1.2\nhost:h\n\n\0")
-            .unwrap();
+            .await;
         let got = self.received().await;
         assert!(
             got.starts_with(b"CONNECTED\nversion:1.2\n"),
@@ -88,8 +69,24 @@ impl Client {
     }
 }
 
-fn node() -> Arc<Node> {
-    Node::new(Config::default()).unwrap()
+/// A node serving STOMP on a port of its own until the test ends, with `config`; its address.
+async fn serve(config: Config) -> SocketAddr {
+    let tcp = listener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let node = Node::new(Config {
+        stomp_listen: Some(addr),
+        ..config
+    })
+    .unwrap();
+    tokio::spawn(async move {
+        let stomp = |node: &Node| StompSession::new(Settings::of(&node.config), Framing::Stream);
+        listener::serve_stream(tcp, node, stomp, std::future::pending()).await
+    });
+    addr
+}
+
+async fn node() -> SocketAddr {
+    serve(Config::default()).await
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -117,13 +114,12 @@ fn frames(bytes: &[u8]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_frame_before_connect_is_an_error_then_the_close() {
-    let node = node();
-    let mut c = Client::new(&node);
-    let why = c
-        .send(b"SEND\ndestination:/topic/a\nreceipt:7\n\nhi\0")
-        .unwrap_err();
-    assert_eq!(why, Disconnect::ProtocolError);
-    let got = frames(&c.received().await);
+    let addr = node().await;
+    let mut c = Client::new(addr).await;
+    c.send(b"SEND\ndestination:/topic/a\nreceipt:7\n\nhi\0")
+        .await;
+    let got = frames(&c.until_closed().await);
+    assert_eq!(got.len(), 1, "{got:?}");
     assert!(
         got[0].starts_with("ERROR\nmessage:SEND before CONNECT"),
         "{got:?}"
@@ -133,38 +129,77 @@ async fn a_frame_before_connect_is_an_error_then_the_close() {
 
 #[tokio::test]
 async fn connect_negotiates_version_and_heart_beats() {
-    let node = node();
-    let mut c = Client::new(&node);
+    let addr = node().await;
+    let mut c = Client::new(addr).await;
     c.send(b"STOMP\naccept-version:1.0,1.1\nheart-beat:1000,60000\n\n\0")
-        .unwrap();
+        .await;
     let got = frames(&c.received().await);
+    let ping = Config::default().limits.ping_interval_secs * 1000;
     assert!(
-        got[0].starts_with("CONNECTED\nversion:1.1\nheart-beat:"),
+        got[0].starts_with(&format!(
+            "CONNECTED\nversion:1.1\nheart-beat:{ping},{ping}\n"
+        )),
         "{got:?}"
     );
-    let keepalive = c.session.keepalive();
-    let ping = node.config.limits.ping_interval_secs * 1000;
-    assert_eq!(
-        keepalive.ping.map(|(every, _)| every),
-        Some(Duration::from_millis(ping.max(60_000)))
-    );
-    assert_eq!(keepalive.idle, Duration::from_millis(2 * ping.max(1000)));
 
-    let mut refused = Client::new(&node);
-    refused
-        .send(b"CONNECT\naccept-version:2.0\n\n\0")
-        .unwrap_err();
-    let got = frames(&refused.received().await);
+    let mut refused = Client::new(addr).await;
+    refused.send(b"CONNECT\naccept-version:2.0\n\n\0").await;
+    let got = frames(&refused.until_closed().await);
     assert!(got[0].contains("version:1.0,1.1,1.2\n"), "{got:?}");
+}
+
+/// herald beats at the negotiated interval even while the client beats faster: the client
+/// watches herald's beats, not its own.
+#[tokio::test]
+async fn herald_beats_while_the_client_beats_faster() {
+    let mut config = Config::default();
+    config.limits.ping_interval_secs = 1;
+    let addr = serve(config).await;
+    let mut c = Client::new(addr).await;
+    c.send(b"CONNECT\naccept-version:1.2\nheart-beat:1000,1000\n\n\0")
+        .await;
+    let connected = c.received().await;
+    assert!(
+        connected.starts_with(b"CONNECTED\nversion:1.2\nheart-beat:1000,1000\n"),
+        "{}",
+        text(&connected)
+    );
+    let mut beats = 0;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(2600) {
+        c.send(b"\n").await;
+        beats += c.received().await.iter().filter(|b| **b == b'\n').count();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(!c.ended, "a client that beats stays connected");
+    assert!((2..=4).contains(&beats), "{beats} beats in 2.6 s at 1 s");
+}
+
+#[tokio::test]
+async fn a_client_silent_past_its_heart_beat_is_closed() {
+    let mut config = Config::default();
+    config.limits.ping_interval_secs = 1;
+    let addr = serve(config).await;
+    let mut c = Client::new(addr).await;
+    c.send(b"CONNECT\naccept-version:1.2\nheart-beat:1000,0\n\n\0")
+        .await;
+    let started = std::time::Instant::now();
+    let got = c.until_closed().await;
+    assert!(got.starts_with(b"CONNECTED\n"), "{}", text(&got));
+    let after = started.elapsed();
+    assert!(
+        after >= Duration::from_millis(1900) && after < Duration::from_millis(3000),
+        "closed after {after:?}, two of the client's 1 s intervals"
+    );
 }
 
 #[tokio::test]
 async fn a_send_reaches_every_matching_subscription_with_its_receipt() {
-    let node = node();
-    let mut c = Client::new(&node);
+    let addr = node().await;
+    let mut c = Client::new(addr).await;
     c.connect().await;
     c.send(b"SUBSCRIBE\nid:s1\ndestination:/topic/a/b\nreceipt:r1\n\n\0SUBSCRIBE\nid:s2\ndestination:/topic/a/*\n\n\0")
-        .unwrap();
+        .await;
     let got = frames(&c.received().await);
     assert!(
         got[0].starts_with("RECEIPT\nreceipt-id:r1\ncursor:"),
@@ -176,7 +211,7 @@ async fn a_send_reaches_every_matching_subscription_with_its_receipt() {
     let mut send = b"SEND\ndestination:/topic/a/b\nreceipt:r2\ncontent-type:application/octet-stream\ncontent-length:8\n\n".to_vec();
     send.extend_from_slice(body);
     send.push(0);
-    c.send(&send).unwrap();
+    c.send(&send).await;
     let raw = c.received().await;
     let got = frames(&raw);
     assert_eq!(got.len(), 3, "{got:?}");
@@ -194,14 +229,14 @@ async fn a_send_reaches_every_matching_subscription_with_its_receipt() {
 
 #[tokio::test]
 async fn client_acks_return_credit_and_nack_does_not_redeliver() {
-    let node = node();
-    let mut c = Client::new(&node);
+    let addr = node().await;
+    let mut c = Client::new(addr).await;
     c.connect().await;
     c.send(b"SUBSCRIBE\nid:s\ndestination:/topic/q\nack:client\nprefetch-count:2\n\n\0")
-        .unwrap();
+        .await;
     c.received().await;
     c.send(b"SEND\ndestination:/topic/q\n\none\0SEND\ndestination:/topic/q\n\ntwo\0")
-        .unwrap();
+        .await;
     let got = frames(&c.received().await);
     assert_eq!(got.len(), 2, "{got:?}");
     assert!(
@@ -209,11 +244,11 @@ async fn client_acks_return_credit_and_nack_does_not_redeliver() {
         "{got:?}"
     );
     // A cumulative ACK of the second message returns both credits.
-    c.send(b"ACK\nid:s:2\nreceipt:a\n\n\0").unwrap();
+    c.send(b"ACK\nid:s:2\nreceipt:a\n\n\0").await;
     assert_eq!(frames(&c.received().await), ["RECEIPT\nreceipt-id:a\n\n"]);
-    c.send(b"NACK\nid:s:2\n\n\0ACK\nid:nosuch:1\n\n\0")
-        .unwrap_err();
-    let got = frames(&c.received().await);
+    c.send(b"NACK\nid:s:2\n\n\0ACK\nid:nosuch:1\n\n\0").await;
+    let got = frames(&c.until_closed().await);
+    assert_eq!(got.len(), 1, "{got:?}");
     assert!(
         got[0].starts_with("ERROR\nmessage:no subscription with id \"nosuch\""),
         "{got:?}"
@@ -222,7 +257,7 @@ async fn client_acks_return_credit_and_nack_does_not_redeliver() {
 
 #[tokio::test]
 async fn refusals_name_the_frame_and_close() {
-    let node = node();
+    let addr = node().await;
     for (frame, says) in [
         (
             &b"SUBSCRIBE\nid:1\ndestination:/queue/jobs\nreceipt:q\n\n\0"[..],
@@ -239,10 +274,10 @@ async fn refusals_name_the_frame_and_close() {
         (b"COMMIT\ntransaction:t\nreceipt:q\n\n\0", "no transaction"),
         (b"FROB\nreceipt:q\n\n\0", "unknown command"),
     ] {
-        let mut c = Client::new(&node);
+        let mut c = Client::new(addr).await;
         c.connect().await;
-        assert_eq!(c.send(frame), Err(Disconnect::ProtocolError));
-        let got = frames(&c.received().await);
+        c.send(frame).await;
+        let got = frames(&c.until_closed().await);
         assert!(got[0].starts_with("ERROR\n"), "{got:?}");
         assert!(got[0].contains(says), "{got:?}");
         if !frame.starts_with(b"FROB") {
@@ -253,17 +288,16 @@ async fn refusals_name_the_frame_and_close() {
 
 #[tokio::test]
 async fn a_transaction_publishes_on_commit_and_nothing_on_abort() {
-    let node = node();
-    let mut c = Client::new(&node);
+    let addr = node().await;
+    let mut c = Client::new(addr).await;
     c.connect().await;
-    c.send(b"SUBSCRIBE\nid:s\ndestination:/topic/t\n\n\0")
-        .unwrap();
+    c.send(b"SUBSCRIBE\nid:s\ndestination:/topic/t\n\n\0").await;
     c.received().await;
     c.send(b"BEGIN\ntransaction:x\n\n\0SEND\ndestination:/topic/t\ntransaction:x\n\nkept\0BEGIN\ntransaction:y\n\n\0SEND\ndestination:/topic/t\ntransaction:y\n\ngone\0")
-        .unwrap();
+        .await;
     assert!(c.received().await.is_empty());
     c.send(b"ABORT\ntransaction:y\n\n\0COMMIT\ntransaction:x\nreceipt:c\n\n\0")
-        .unwrap();
+        .await;
     let got = frames(&c.received().await);
     assert_eq!(got.len(), 2, "{got:?}");
     assert!(got[0].ends_with("\n\nkept"), "{got:?}");
@@ -272,18 +306,11 @@ async fn a_transaction_publishes_on_commit_and_nothing_on_abort() {
 
 #[tokio::test]
 async fn disconnect_answers_its_receipt_then_closes() {
-    let node = node();
-    let mut c = Client::new(&node);
+    let addr = node().await;
+    let mut c = Client::new(addr).await;
     c.connect().await;
     c.send(b"DISCONNECT\nreceipt:bye\n\n\0SEND\ndestination:/topic/t\n\nignored\0")
-        .unwrap();
-    // What follows the RECEIPT is the transport's close (the driver's to frame).
-    let got = c.received().await;
-    assert!(
-        got.starts_with(b"RECEIPT\nreceipt-id:bye\n\n\0"),
-        "{}",
-        text(&got)
-    );
-    assert!(!text(&got).contains("MESSAGE"), "{}", text(&got));
-    assert_eq!(c.conn.close_reason(), Some(Disconnect::ClientClosed));
+        .await;
+    let got = c.until_closed().await;
+    assert_eq!(frames(&got), ["RECEIPT\nreceipt-id:bye\n\n"]);
 }
