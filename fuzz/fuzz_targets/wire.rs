@@ -29,10 +29,10 @@ impl Outbox for Sink {
         Sink::check(Native.dropped(topic, count, reason));
     }
     fn deliver(&self, message: &Message, _: &Delivery) {
-        Sink::check(Native.message(message));
+        Sink::check(Native.frame(message));
     }
     fn recovered(&self, message: &Message) {
-        Sink::check(Native.message(message));
+        Sink::check(Native.frame(message));
     }
 }
 

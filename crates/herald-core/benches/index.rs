@@ -1,4 +1,4 @@
-//! The subscription index at the scale of DESIGN.md's trading front end: 1,000 clients with
+//! The subscription index at the scale of a trading front end: 1,000 clients with
 //! 100 subscriptions each over 20,000 topics, plus some `*` and `>` patterns.
 //!
 //! `cargo bench -p herald-core --bench index -- --warm-up-time 1 --measurement-time 3`

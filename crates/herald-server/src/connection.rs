@@ -493,8 +493,8 @@ impl Connection {
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
 fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::Result<()> {
     // Slices per system call: a direct write rarely has more than a few frames. The array's
-    // unused room is left uninitialised: filling all 32 first was ~90 instructions per write
-    // (callgrind), more than the rest of this function.
+    // unused room is left uninitialised: filling all 32 first would cost more than the rest of
+    // this function.
     const MAX_SLICES: usize = 32;
     let mut sent = 0;
     let result = loop {
@@ -543,8 +543,8 @@ fn bytes_of(frames: &[Frame]) -> usize {
 
 /// Takes `written` bytes off the front of `frames`: each frame sent whole is released (left
 /// empty) and counted, a partly sent one keeps its unsent bytes. Returns the count, for the
-/// caller to remove them all at once when it is done: removing them after every write moved
-/// the rest of a long batch each time (a 32 KB memmove per write in callgrind).
+/// caller to remove them all at once when it is done: removing them after every write would
+/// move the rest of a long batch each time.
 fn consume(frames: &mut [Frame], mut written: usize) -> usize {
     let mut done = 0;
     for frame in frames.iter_mut() {

@@ -1,9 +1,9 @@
 //! Direct writes: frames queued by a publish leave from the publishing task itself, once its
 //! input is drained, instead of waking each subscriber's writer task.
 //!
-//! Waking a writer task per delivery cost more than the delivery (a scheduler round trip, the
-//! session future polled, its timers and reader polled too, the waiter re-registered): at
-//! 100,000 deliveries/s that was a third of a core. So while a task does synchronous engine work
+//! Waking a writer task per delivery costs more than the delivery (a scheduler round trip, the
+//! session future polled, its timers and reader polled too, the waiter re-registered;
+//! docs/performance.md). So while a task does synchronous engine work
 //! inside [`Pending::collect`], a connection that receives its first queued frame is noted here
 //! rather than woken, and [`Pending::flush`] later writes each noted connection's queue with one
 //! non-blocking vectored write: when the input is drained, or, for a task that is behind, once
@@ -36,8 +36,7 @@ const FRAMES_KEPT: usize = 1024;
 /// connection. Each write costs several µs (on loopback the kernel charges the receiver's TCP
 /// work to the writer), so when a backlog of publishes reaches the same subscribers again and
 /// again (a share's price to its 40 subscribers, 25 orders in a row) they take them in one
-/// write each rather than 25. The seed 004 load at 200 clients, herald behind: a flush at every
-/// publish (32 connections then) gave the bench 150,000–180,000 messages/s (bench/RESULTS.md).
+/// write each rather than 25 (docs/performance.md).
 const FLUSH_AFTER: usize = 1024;
 
 /// How many times the hold may double while the input stays behind: up to 32,768 deliveries
@@ -48,8 +47,8 @@ const MAX_DOUBLINGS: u32 = 5;
 
 /// Deliveries per noted connection past which holding saves no more writes: a write of 64
 /// small frames already spreads its cost over them, and the first of them has waited for the
-/// rest. Without it, a burst of 1,000 messages to one subscriber left in one write at the
-/// end: p99.9 1.2–1.9 ms → 2.1 ms (seeds 000/002, the burst).
+/// rest: without it, a burst to one subscriber would leave in one write at its end, and the
+/// burst's first messages would wait for its last.
 const ENOUGH_PER_CONNECTION: usize = 64;
 
 /// With several worker threads, how many connections a flush writes itself; the rest go to
@@ -168,9 +167,8 @@ impl Pending {
     /// whole list goes at once, as in [`Pending::flush`] (the writers share it out).
     ///
     /// It is called only with the input drained, so the hold goes back to the shortest, as in
-    /// [`Pending::drained`]. (Kept until the whole list was written instead, the hold grew
-    /// while readers fell behind: at 600,000 deliveries/s to 1,000 clients the p99.9 went from
-    /// 35–41 to 111–128 ms.)
+    /// [`Pending::drained`]: a hold kept until the whole list is written would grow while
+    /// readers fall behind, and the tail latency with it.
     pub fn flush_chunk(&mut self) -> bool {
         self.caught_up();
         self.write_chunk().is_some() && !self.conns.is_empty()

@@ -1,12 +1,11 @@
 //! herald's allocator: mimalloc for small blocks, the system's for large ones.
 //!
-//! Every message allocates its frame and frees the one it replaces. glibc's malloc and free
-//! cost ~680 instructions per saturated publish (callgrind, docs/performance.md); mimalloc
-//! ~300. But mimalloc keeps freed large blocks for reuse, and herald's memory bounds are
-//! promises: with mimalloc alone, a burst of 8 MiB images left the server at a 179 MiB peak,
-//! over the bound `crates/herald/tests/cli.rs` holds it to; split, 137 MiB, within it. glibc
-//! gives large blocks back to the system (mapped apart, or trimmed from the top of its heap).
-//! So each size goes where it costs least.
+//! Every message allocates its block and frame and frees the ones it replaces: mimalloc does
+//! that for about half of glibc's instructions (docs/performance.md). But mimalloc keeps freed
+//! large blocks for reuse, and herald's memory bounds are promises: with mimalloc alone, a
+//! burst of large images leaves the server over the bound `crates/herald/tests/cli.rs` holds it
+//! to. glibc gives large blocks back to the system (mapped apart, or trimmed from the top of
+//! its heap). So each size goes where it costs least.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
