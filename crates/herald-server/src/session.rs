@@ -100,6 +100,13 @@ pub trait Protocol: Send + 'static {
     /// Asked once, when the connection is made.
     fn keepalive(&self) -> Keepalive;
 
+    /// Whether the protocol changes its keep-alive once connected ([`Context::set_keepalive`]).
+    /// Only then does the session's keep-alive timer also wait for a change: a wait it would
+    /// otherwise poll at every wake of the session, for nothing.
+    fn renegotiates_keepalive(&self) -> bool {
+        false
+    }
+
     /// The connection is made and nothing has been read yet: what the protocol asks for
     /// before the client says anything (VBDS subscribes its stream).
     fn start(&mut self, _cx: &mut Context<'_>) {}
@@ -178,7 +185,8 @@ impl Context<'_> {
         self.access.is_authenticated()
     }
 
-    /// Changes how the session keeps the connection alive, from now on.
+    /// Changes how the session keeps the connection alive, from now on (at once for a protocol
+    /// whose [`Protocol::renegotiates_keepalive`] says so; else from the timer's next wake).
     pub fn set_keepalive(&self, keepalive: Keepalive) {
         *self.activity.keepalive.lock() = keepalive;
         self.activity.changed.notify_one();
@@ -259,7 +267,7 @@ pub async fn run<P: Protocol>(
         Some(deadline) => Box::pin(lapsed(deadline)),
         None => Box::pin(std::future::pending()),
     };
-    let activity = Activity::new(protocol.keepalive());
+    let activity = Activity::new(protocol.keepalive(), protocol.renegotiates_keepalive());
     let budget = socket.as_ref().map(|s| s.sockets().clone());
     match framing {
         Framing::WebSocket => {
@@ -516,15 +524,27 @@ struct Activity {
     keepalive: Mutex<Keepalive>,
     /// Wakes the keep-alive timer when the protocol changes it.
     changed: Notify,
+    /// Whether the protocol changes its keep-alive ([`Protocol::renegotiates_keepalive`]).
+    renegotiates: bool,
 }
 
 impl Activity {
-    fn new(keepalive: Keepalive) -> Self {
+    fn new(keepalive: Keepalive, renegotiates: bool) -> Self {
         Activity {
             started: Instant::now(),
             last_ms: AtomicU64::new(0),
             keepalive: Mutex::new(keepalive),
             changed: Notify::new(),
+            renegotiates,
+        }
+    }
+
+    /// Completes when the protocol changes its keep-alive; never, for a protocol that does not.
+    async fn changes(&self) {
+        if self.renegotiates {
+            self.changed.notified().await
+        } else {
+            std::future::pending().await
         }
     }
 
@@ -568,7 +588,7 @@ async fn keepalive(conn: &Connection, activity: &Activity) -> Disconnect {
         let Keepalive { ping, idle } = activity.keepalive.lock().clone();
         let every = ping.as_ref().map_or(Duration::ZERO, |ping| ping.every);
         if idle.is_zero() && every.is_zero() {
-            activity.changed.notified().await;
+            activity.changes().await;
             pinged = Instant::now();
             continue;
         }
@@ -603,14 +623,14 @@ async fn keepalive(conn: &Connection, activity: &Activity) -> Disconnect {
         match tokio::time::Instant::now().checked_add(wait) {
             Some(at) => sleep.as_mut().reset(at),
             None => {
-                activity.changed.notified().await;
+                activity.changes().await;
                 pinged = Instant::now();
                 continue;
             }
         }
         tokio::select! {
             () = sleep.as_mut() => {}
-            () = activity.changed.notified() => pinged = Instant::now(),
+            () = activity.changes() => pinged = Instant::now(),
         }
     }
 }

@@ -527,6 +527,10 @@ impl Protocol for Mqtt {
 
     /// Until CONNECT: the time the client has to send it (the CONNECT sets the client's own
     /// keep-alive).
+    fn renegotiates_keepalive(&self) -> bool {
+        true
+    }
+
     fn keepalive(&self) -> Keepalive {
         Keepalive {
             ping: None,

@@ -517,6 +517,10 @@ impl Protocol for StompSession {
     }
 
     /// Until CONNECT: nothing sent, and the client has `connect_timeout` to send it.
+    fn renegotiates_keepalive(&self) -> bool {
+        true
+    }
+
     fn keepalive(&self) -> Keepalive {
         Keepalive {
             ping: None,
