@@ -83,7 +83,7 @@ impl AuthConfig {
 
 /// What a verified token lets its holder do, and until when.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Session {
+pub struct Verified {
     pub grants: Grants,
     /// `exp`, UNIX seconds.
     pub exp: u64,
@@ -213,7 +213,7 @@ impl Authenticator {
     }
 
     /// Verifies a token and reads its grants.
-    pub fn verify(&self, token: &str) -> Result<Session, Refused> {
+    pub fn verify(&self, token: &str) -> Result<Verified, Refused> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| Refused(format!("malformed token: {e}")))?;
         let fetched = self.fetched.read().clone();
@@ -329,7 +329,7 @@ impl Authenticator {
 /// Who made an HTTP request.
 pub enum Caller {
     Admin,
-    Token(Session),
+    Token(Verified),
 }
 
 /// A token lapsing later than this sets no deadline on its connection.
@@ -361,7 +361,7 @@ pub enum Admit {
 /// it must present or refresh one.
 pub struct Access {
     auth: Option<Arc<Authenticator>>,
-    session: Option<Session>,
+    session: Option<Verified>,
     /// Only with auth on: a watch channel is ~400 bytes that every connection would hold.
     deadline: Option<watch::Sender<Option<Deadline>>>,
 }
@@ -528,7 +528,7 @@ pub fn origin_allowed(allowed: &[String], origin: &str, host: Option<&str>, open
         .any(|a| a == "*" || a.eq_ignore_ascii_case(origin))
 }
 
-fn session(claims: Claims) -> Result<Session, Refused> {
+fn session(claims: Claims) -> Result<Verified, Refused> {
     let herald = claims.herald;
     for pattern in herald
         .sub
@@ -539,7 +539,7 @@ fn session(claims: Claims) -> Result<Session, Refused> {
         topic::validate_pattern(pattern)
             .map_err(|e| Refused(format!("the token grants an invalid pattern: {e}")))?;
     }
-    Ok(Session {
+    Ok(Verified {
         grants: Grants {
             subscribe: herald.sub,
             publish: herald.publish,

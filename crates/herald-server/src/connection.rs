@@ -83,7 +83,7 @@ pub struct Connection {
 /// What waits to be written, and who is writing.
 struct Outgoing {
     queue: OutboundQueue,
-    writer: Writer,
+    writer: Turn,
     /// What a direct write could not send, handed to the writer task (first frame trimmed to
     /// its unsent bytes).
     carry: Vec<Frame>,
@@ -91,7 +91,7 @@ struct Outgoing {
 
 /// Who holds the socket's write side. Taken and given back under the `out` lock.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Writer {
+enum Turn {
     Nobody,
     /// A task writing directly; it never waits, and hands over to the writer task if it must.
     Direct,
@@ -206,7 +206,7 @@ impl Connection {
             framing,
             out: Mutex::new(Outgoing {
                 queue: OutboundQueue::new(limits.outbound),
-                writer: Writer::Nobody,
+                writer: Turn::Nobody,
                 carry: Vec::new(),
             }),
             socket,
@@ -343,7 +343,7 @@ impl Connection {
         };
         {
             let mut out = self.out.lock();
-            if out.writer != Writer::Nobody || out.queue.is_closed() {
+            if out.writer != Turn::Nobody || out.queue.is_closed() {
                 return 0;
             }
             self.drain(&mut out.queue, frames, now_us);
@@ -356,7 +356,7 @@ impl Connection {
                 }
                 return 0;
             }
-            out.writer = Writer::Direct;
+            out.writer = Turn::Direct;
         }
         let mut taken = frames.len();
         loop {
@@ -367,7 +367,7 @@ impl Connection {
             if result.is_err() || !frames.is_empty() {
                 // The writer task waits for the socket (or meets the error and ends the session).
                 out.carry = std::mem::take(frames);
-                out.writer = Writer::Task;
+                out.writer = Turn::Task;
                 drop(out);
                 self.wake.notify_one();
                 return taken;
@@ -377,7 +377,7 @@ impl Connection {
                 taken += frames.len();
             }
             if frames.is_empty() {
-                out.writer = Writer::Nobody;
+                out.writer = Turn::Nobody;
                 // Written out: an idle connection keeps little memory.
                 out.queue.shrink_idle();
                 let task_has_work = !out.queue.is_empty() || out.queue.next_due().is_some();
@@ -452,20 +452,20 @@ impl Connection {
                 let mut out = self.out.lock();
                 match out.writer {
                     // It hands over or finishes, and wakes us if anything is left for us.
-                    Writer::Direct => (false, None),
-                    Writer::Task if !out.carry.is_empty() => {
+                    Turn::Direct => (false, None),
+                    Turn::Task if !out.carry.is_empty() => {
                         // A direct write's leftovers; the close frame is never among them.
                         std::mem::swap(batch, &mut out.carry);
                         return false;
                     }
-                    Writer::Nobody | Writer::Task => {
+                    Turn::Nobody | Turn::Task => {
                         self.drain(&mut out.queue, batch, now_us());
                         if batch.is_empty() {
                             // About to wait: an idle connection keeps little memory.
                             out.queue.shrink_idle();
-                            out.writer = Writer::Nobody;
+                            out.writer = Turn::Nobody;
                         } else {
-                            out.writer = Writer::Task;
+                            out.writer = Turn::Task;
                         }
                         (out.queue.is_closed(), out.queue.next_due())
                     }

@@ -149,7 +149,7 @@ impl Server {
             tracing::info!(mqtt_listen = %tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(), "herald serving MQTT");
             let mut stopped = stopped.clone();
             let mqtt = |node: &Node| {
-                protocol::mqtt::session::Mqtt::new(node, protocol::mqtt::codec::Transport::Stream)
+                protocol::mqtt::session::Mqtt::new(node, connection::Framing::Stream)
             };
             tokio::spawn(listener::serve_stream(tcp, node.clone(), mqtt, async move {
                 let _ = stopped.wait_for(|stop| *stop).await;

@@ -269,31 +269,23 @@ pub async fn run<P: Protocol>(
     };
     let activity = Activity::new(protocol.keepalive(), protocol.renegotiates_keepalive());
     let budget = socket.as_ref().map(|s| s.sockets().clone());
+    let session = Session {
+        node: &node,
+        id,
+        conn: &conn,
+        access: &mut access,
+        activity: &activity,
+        socket: socket.as_ref(),
+    };
     match framing {
         Framing::WebSocket => {
             let reader = FrameReader::new(read, frame_limit(&node)).with_budget(budget);
-            let session = Session {
-                node: &node,
-                id,
-                conn: &conn,
-                access: &mut access,
-                activity: &activity,
-                socket: socket.as_ref(),
-            };
             drive(&node, session, protocol, reader, write, lapsed).await
         }
         Framing::Stream => {
             let reader = StreamReader {
                 io: read,
                 buf: BytesMut::new(),
-            };
-            let session = Session {
-                node: &node,
-                id,
-                conn: &conn,
-                access: &mut access,
-                activity: &activity,
-                socket: socket.as_ref(),
             };
             drive(&node, session, protocol, reader, write, lapsed).await
         }
@@ -312,7 +304,7 @@ enum Write {
 
 /// Runs the reader, the writer, keep-alive, the auth deadline and the watch for shedding side
 /// by side until the connection ends; then ends it.
-async fn drive<P: Protocol, S: Source>(
+async fn drive<P: Protocol, S: InputSource>(
     owner: &Arc<Node>,
     session: Session<'_>,
     mut protocol: P,
@@ -453,7 +445,7 @@ struct Session<'a> {
 
 /// What the reader reads: WebSocket frames ([`FrameReader`]) or a byte stream
 /// ([`StreamReader`]). Static, so that the read loop is made for each.
-trait Source: Send {
+trait InputSource: Send {
     /// The next frame; a byte stream's reads come as binary messages.
     fn next(&mut self) -> impl Future<Output = Result<Inbound, ReadError>> + Send;
 
@@ -465,7 +457,7 @@ trait Source: Send {
     fn drain_until_close(&mut self) -> impl Future<Output = ()> + Send;
 }
 
-impl Source for FrameReader {
+impl InputSource for FrameReader {
     fn next(&mut self) -> impl Future<Output = Result<Inbound, ReadError>> + Send {
         FrameReader::next(self)
     }
@@ -488,7 +480,7 @@ struct StreamReader {
     buf: BytesMut,
 }
 
-impl Source for StreamReader {
+impl InputSource for StreamReader {
     async fn next(&mut self) -> Result<Inbound, ReadError> {
         match self
             .io
@@ -674,7 +666,7 @@ impl ReadAt {
 
 /// Reads the client's input until it closes or breaks the protocol, hands each to the
 /// protocol and carries out what it asked for; returns why it stopped.
-async fn read_requests<P: Protocol, S: Source>(
+async fn read_requests<P: Protocol, S: InputSource>(
     session: Session<'_>,
     protocol: &mut P,
     reader: &mut S,

@@ -11,12 +11,11 @@
 //! images published meanwhile and, when it acknowledges, gets the newest complete one (it
 //! subscribes with the `conflate` policy).
 
-use crate::connection::Framing;
 use crate::limits::SocketHandle;
 use crate::node::Node;
 use crate::protocol::native::Native;
 use crate::protocol::vbds::{Progress, Subscriber};
-use crate::session::{self, Protocol, Transport};
+use crate::session::Protocol;
 use crate::ws;
 use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -227,11 +226,6 @@ async fn access(
         if let Some(stream) = streams.streams.lock().get_mut(&name) {
             stream.subscribers.push(progress);
         }
-        let transport = Transport {
-            read,
-            write,
-            framing: Framing::WebSocket,
-        };
-        session::run(node, transport, socket, token, subscriber)
+        ws::over_websocket(node, read, write, socket, token, subscriber)
     })
 }

@@ -11,10 +11,10 @@ use crate::connection::Framing;
 use crate::limits::SocketHandle;
 use crate::metrics::{Disconnect, Reason};
 use crate::node::Node;
-use crate::protocol::mqtt::{self, session::Mqtt};
+use crate::protocol::mqtt::session::Mqtt;
 use crate::protocol::native::Native;
 use crate::protocol::stomp::session::{Settings as StompSettings, StompSession};
-use crate::session::{self, Transport};
+use crate::session::{self, Protocol, Transport};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -25,12 +25,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Respons
     let socket = request.extensions().get::<SocketHandle>().cloned();
     accept(node, request, move |node, read, write, token| {
         let native = Native::new(&node.config);
-        let transport = Transport {
-            read,
-            write,
-            framing: Framing::WebSocket,
-        };
-        session::run(node, transport, socket, token, native)
+        over_websocket(node, read, write, socket, token, native)
     })
 }
 
@@ -47,13 +42,8 @@ pub async fn upgrade_mqtt(State(node): State<Arc<Node>>, request: Request) -> Re
     };
     let socket = request.extensions().get::<SocketHandle>().cloned();
     let response = accept(node, request, move |node, read, write, token| {
-        let mqtt = Mqtt::new(&node, mqtt::codec::Transport::WebSocket);
-        let transport = Transport {
-            read,
-            write,
-            framing: Framing::WebSocket,
-        };
-        session::run(node, transport, socket, token, mqtt)
+        let mqtt = Mqtt::new(&node, Framing::WebSocket);
+        over_websocket(node, read, write, socket, token, mqtt)
     });
     with_subprotocol(response, chosen)
 }
@@ -78,12 +68,7 @@ pub async fn upgrade_stomp(State(node): State<Arc<Node>>, request: Request) -> R
     let socket = request.extensions().get::<SocketHandle>().cloned();
     let response = accept(node, request, move |node, read, write, token| {
         let stomp = StompSession::new(StompSettings::of(&node.config), Framing::WebSocket);
-        let transport = Transport {
-            read,
-            write,
-            framing: Framing::WebSocket,
-        };
-        session::run(node, transport, socket, token, stomp)
+        over_websocket(node, read, write, socket, token, stomp)
     });
     with_subprotocol(response, chosen)
 }
@@ -120,6 +105,23 @@ fn with_subprotocol(mut response: Response, chosen: Option<&'static str>) -> Res
         );
     }
     response
+}
+
+/// Runs `protocol`'s session on an upgraded WebSocket connection.
+pub fn over_websocket<P: Protocol>(
+    node: Arc<Node>,
+    read: ReadHalf,
+    write: WriteHalf,
+    socket: Option<SocketHandle>,
+    token: Option<String>,
+    protocol: P,
+) -> impl std::future::Future<Output = ()> {
+    let transport = Transport {
+        read,
+        write,
+        framing: Framing::WebSocket,
+    };
+    session::run(node, transport, socket, token, protocol)
 }
 
 /// The two halves of an upgraded connection.

@@ -28,20 +28,20 @@ pub const SIGNATURE: &str = "Herald-Signature";
 const SIGNED: [&str; 7] = [ORIGIN, EPOCH, SEQ, KIND, CONTENT_TYPE, STAMP, CHUNK];
 /// Longest `Herald-Origin` and `Herald-Epoch` accepted (herald's own are 16 and 12 characters).
 const MAX_ID: usize = 64;
-/// `Herald-Kind` of a position announcement (see [`Outgoing::mark`]).
+/// `Herald-Kind` of a position announcement (see [`Departure::mark`]).
 const MARK: &str = "mark";
 /// Room left in each NATS message for the headers above.
 pub const HEADER_ROOM: usize = 4096;
 /// A message (or announcement) on its way to NATS.
-pub struct Outgoing {
+pub struct Departure {
     pub subject: String,
     pub headers: HeaderMap,
     pub payload: Bytes,
-    /// A position announcement ([`Outgoing::mark`]), not counted as a message.
+    /// A position announcement ([`Departure::mark`]), not counted as a message.
     pub mark: bool,
 }
 
-impl Outgoing {
+impl Departure {
     /// Message `p`, published on node `origin` and numbered `(epoch, seq)` there, received at
     /// `now_us`.
     pub fn message(
@@ -51,7 +51,7 @@ impl Outgoing {
         epoch: &str,
         seq: u64,
         now_us: u64,
-    ) -> Outgoing {
+    ) -> Departure {
         let mut headers = numbered(origin, epoch, seq);
         if p.kind == PayloadKind::Text {
             headers.insert(KIND, "text");
@@ -62,7 +62,7 @@ impl Outgoing {
         if p.stamp {
             headers.insert(STAMP, now_us.to_string().as_str());
         }
-        Outgoing {
+        Departure {
             subject,
             headers,
             payload: p.payload.clone(),
@@ -73,10 +73,10 @@ impl Outgoing {
     /// A position announcement: `subject`'s topic reached `seq` in `epoch` on node `origin`. It
     /// carries no message; a node that holds less of that epoch learns the exact hole
     /// ([`Engine::remote_reached`](herald_core::engine::Engine::remote_reached)).
-    pub fn mark(origin: &str, subject: String, epoch: &str, seq: u64) -> Outgoing {
+    pub fn mark(origin: &str, subject: String, epoch: &str, seq: u64) -> Departure {
         let mut headers = numbered(origin, epoch, seq);
         headers.insert(KIND, MARK);
-        Outgoing {
+        Departure {
             subject,
             headers,
             payload: Bytes::new(),
@@ -559,10 +559,10 @@ mod tests {
             content_type: Some("text/plain".into()),
             stamp: true,
         };
-        let m = Outgoing::message("0123456789abcdef", "h.t.t".into(), &p, "e", 7, 9);
+        let m = Departure::message("0123456789abcdef", "h.t.t".into(), &p, "e", 7, 9);
         let c = open("h.t.t", Some(&m.headers), b"x", None).unwrap();
         assert_eq!((c.seq, c.stamp, c.mark, c.chunk), (7, Some(9), false, None));
-        let mark = Outgoing::mark("o", "h.t.t".into(), "e", 3);
+        let mark = Departure::mark("o", "h.t.t".into(), "e", 3);
         assert!(open("h.t.t", Some(&mark.headers), b"", None).unwrap().mark);
         assert_eq!(
             open("s", Some(&mark.headers), b"x", None).unwrap_err(),

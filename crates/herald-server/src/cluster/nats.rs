@@ -21,7 +21,7 @@
 //! [`Gate`]. The connection authenticates and encrypts as `[nats]` says (user/password, token,
 //! NKey, credentials file, TLS); secrets are read from files and never logged.
 
-use super::carried::{ClusterKey, Outgoing, Reassembly, Reject, CHUNK, HEADER_ROOM};
+use super::carried::{ClusterKey, Departure, Reassembly, Reject, CHUNK, HEADER_ROOM};
 use super::gate::Gate;
 use super::jetstream::DurableHistory;
 use super::metrics::ClusterMetrics;
@@ -121,11 +121,11 @@ pub struct NatsBroker {
     topics: String,
     metrics: Arc<ClusterMetrics>,
     pending: Arc<AtomicUsize>,
-    out: mpsc::UnboundedSender<Outgoing>,
+    out: mpsc::UnboundedSender<Departure>,
     interest: mpsc::UnboundedSender<Interest>,
     receivers: parking_lot::Mutex<
         Option<(
-            mpsc::UnboundedReceiver<Outgoing>,
+            mpsc::UnboundedReceiver<Departure>,
             mpsc::UnboundedReceiver<Interest>,
         )>,
     >,
@@ -301,7 +301,7 @@ impl NatsBroker {
                 gate: self.gate.clone(),
             },
         ));
-        let inbound = Arc::new(Inbound {
+        let inbound = Arc::new(Arrivals {
             events: events.clone(),
             max_message_bytes: self.max_message_bytes,
             topics: self.topics.clone(),
@@ -323,7 +323,7 @@ impl NatsBroker {
             self.announce.clone(),
             move |topic, epoch, seq| {
                 let subject = subject::to_subject(&topics, topic);
-                let _ = out.send(Outgoing::mark(&origin, subject, epoch, seq));
+                let _ = out.send(Departure::mark(&origin, subject, epoch, seq));
             },
         ));
         if let Some(history) = &self.history {
@@ -362,7 +362,7 @@ impl Broker for NatsBroker {
         self.metrics
             .pending_bytes
             .set(self.pending.fetch_add(size, Ordering::Relaxed) as i64 + size as i64);
-        let outgoing = Outgoing::message(&self.node_id, subject, p, epoch, seq, now_us);
+        let outgoing = Departure::message(&self.node_id, subject, p, epoch, seq, now_us);
         // The receiver lives as long as the process once started; before that, messages wait.
         let _ = self.out.send(outgoing);
     }
@@ -478,7 +478,7 @@ impl Announce {
     async fn uncarried(&self, client: &Client) {
         let positions = self.uncarried.take();
         for (subject, (epoch, seq)) in positions {
-            let mut m = Outgoing::mark(&self.origin, subject, &epoch, seq);
+            let mut m = Departure::mark(&self.origin, subject, &epoch, seq);
             self.gate.seal(&m.subject, &mut m.headers, &m.payload);
             if let Err(e) = client
                 .publish_with_headers(m.subject, m.headers, m.payload)
@@ -501,7 +501,7 @@ impl Announce {
 /// the positions of topics whose messages were not carried are announced.
 async fn carry_out(
     client: Client,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    mut rx: mpsc::UnboundedReceiver<Departure>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<ClusterMetrics>,
     announce: Announce,
@@ -586,7 +586,7 @@ async fn round_trip(client: &Client, subject: &str) {
 async fn follow_interest(
     client: Client,
     mut rx: mpsc::UnboundedReceiver<Interest>,
-    inbound: Arc<Inbound>,
+    inbound: Arc<Arrivals>,
     topics: String,
     follows: Arc<Follows>,
     ping: String,
@@ -650,7 +650,7 @@ impl Drop for InterestGuard {
 
 /// Receives other nodes' messages: checks them ([`Gate::open`]), reassembles chunks, hands
 /// whole messages to the node.
-struct Inbound {
+struct Arrivals {
     events: Weak<dyn Events>,
     max_message_bytes: usize,
     topics: String,
@@ -659,7 +659,7 @@ struct Inbound {
     partial: parking_lot::Mutex<Reassembly>,
 }
 
-impl Inbound {
+impl Arrivals {
     fn receive(&self, message: Message) {
         let Some(events) = self.events.upgrade() else {
             return;

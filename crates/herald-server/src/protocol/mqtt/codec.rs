@@ -21,6 +21,7 @@ use super::retained::{Retained, RetainedStore};
 use super::topic::{mqtt_matches, to_mqtt_topic};
 use super::wire::read_varint;
 use super::{QoS, ReasonCode, Version};
+use crate::connection::Framing;
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::codec::{Encode, Frame};
 use herald_core::message::Message;
@@ -35,25 +36,15 @@ use std::sync::Arc;
 /// The message cache slot MQTT's QoS 0 PUBLISH takes (herald's JSON has slot 0).
 pub const SLOT: usize = 1;
 
-/// How a connection's packets travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// Plain TCP or TLS: packets back to back.
-    Stream,
-    /// WebSocket: each packet in a binary message of its own.
-    WebSocket,
-}
-
-impl Transport {
-    /// `packet` as this transport sends it.
-    pub fn frame(self, packet: Bytes) -> Frame {
-        match self {
-            Transport::Stream => Frame {
-                head: packet,
-                body: Bytes::new(),
-            },
-            Transport::WebSocket => herald_core::wire::encode_binary(packet),
-        }
+/// `packet` as a connection of `framing` sends it: back to back on a stream, each in a binary
+/// WebSocket message of its own.
+pub fn framed(framing: Framing, packet: Bytes) -> Frame {
+    match framing {
+        Framing::Stream => Frame {
+            head: packet,
+            body: Bytes::new(),
+        },
+        Framing::WebSocket => herald_core::wire::encode_binary(packet),
     }
 }
 
@@ -270,33 +261,33 @@ impl Outbound {
 
 /// The encoder of one MQTT connection.
 pub struct Encoder {
-    transport: Transport,
+    framing: Framing,
     retained: Arc<RetainedStore>,
     state: Arc<Mutex<Outbound>>,
 }
 
 impl Encoder {
     pub fn new(
-        transport: Transport,
+        framing: Framing,
         retained: Arc<RetainedStore>,
         state: Arc<Mutex<Outbound>>,
     ) -> Encoder {
         Encoder {
-            transport,
+            framing,
             retained,
             state,
         }
     }
 
-    /// `packet` framed for the transport, or nothing when it is larger than the client
+    /// `packet` framed for the framing, or nothing when it is larger than the client
     /// accepts (§3.1.2.11.4: the server discards it).
     fn fits(&self, s: &Outbound, head: Bytes, body: Bytes) -> Frame {
         if head.len() + body.len() > s.maximum_packet_size as usize {
             return Frame::default();
         }
-        match self.transport {
-            Transport::Stream => Frame { head, body },
-            Transport::WebSocket => {
+        match self.framing {
+            Framing::Stream => Frame { head, body },
+            Framing::WebSocket => {
                 let mut h = BytesMut::with_capacity(10 + head.len());
                 h.put_slice(&ws_header(OpCode::Binary, head.len() + body.len()));
                 h.put_slice(&head);
@@ -377,7 +368,7 @@ impl Encoder {
     }
 
     fn frame_bytes(&self, packet: Bytes) -> Bytes {
-        let frame = self.transport.frame(packet);
+        let frame = framed(self.framing, packet);
         if frame.body.is_empty() {
             frame.head
         } else {
@@ -417,8 +408,10 @@ impl Encoder {
         } else {
             ProblemInfo::default()
         };
-        self.transport
-            .frame(encode::ack(s.version, kind, packet_id, reason, info))
+        framed(
+            self.framing,
+            encode::ack(s.version, kind, packet_id, reason, info),
+        )
     }
 
     /// One reply to a SUBSCRIBE's or UNSUBSCRIBE's herald requests: the SUBACK or UNSUBACK
@@ -456,7 +449,7 @@ impl Encoder {
                 let pending = s.unsubacks.remove(&packet_id).expect("looked up above");
                 let packet =
                     encode::unsuback(s.version, packet_id, &pending.codes, ProblemInfo::default());
-                self.transport.frame(packet)
+                framed(self.framing, packet)
             }
             Tag::Publish { .. } => self.published(s, tag, error.map_or(Ok(()), Err)),
         }
@@ -550,13 +543,13 @@ fn shared_heads(m: &Message) -> Frame {
     }
 }
 
-/// The form of [`shared_heads`] `version` over `transport` sends, sliced out (no copy), and
+/// The form of [`shared_heads`] `version` over `framing` sends, sliced out (no copy), and
 /// the length of the MQTT packet it heads.
 fn shared_head(
     all: &Bytes,
     payload_len: usize,
     version: Version,
-    transport: Transport,
+    framing: Framing,
 ) -> (Bytes, usize) {
     let mut at = 0;
     for v in [Version::V311, Version::V5] {
@@ -572,9 +565,9 @@ fn shared_head(
             .expect("written by shared_heads");
         let head = 1 + len_bytes + remaining as usize - payload_len;
         if v == version {
-            let slice = match transport {
-                Transport::Stream => all.slice(at + ws..at + ws + head),
-                Transport::WebSocket => all.slice(at..at + ws + head),
+            let slice = match framing {
+                Framing::Stream => all.slice(at + ws..at + ws + head),
+                Framing::WebSocket => all.slice(at..at + ws + head),
             };
             return (slice, head + payload_len);
         }
@@ -601,7 +594,7 @@ impl Encoder {
                 return Frame::default();
             }
             let (head, packet_len) =
-                shared_head(&all.head, all.body.len(), s.version, self.transport);
+                shared_head(&all.head, all.body.len(), s.version, self.framing);
             if packet_len > s.maximum_packet_size as usize {
                 return Frame::default();
             }
@@ -679,7 +672,7 @@ mod tests {
     use herald_core::message::TopicHead;
 
     /// Every form sliced out of the cached buffer is the packet [`Prepared`] makes, behind a
-    /// WebSocket header where the transport needs one.
+    /// WebSocket header where the framing needs one.
     #[test]
     fn each_cached_form_is_the_packet_for_its_version_and_transport() {
         for len in [0, 3, 200, 70_000] {
@@ -699,9 +692,9 @@ mod tests {
                 let expected = Prepared::new(version, "a/b", &p.properties(), payload.clone())
                     .head(&Delivery::default())
                     .unwrap();
-                let (bare, n) = shared_head(&all.head, len, version, Transport::Stream);
+                let (bare, n) = shared_head(&all.head, len, version, Framing::Stream);
                 assert_eq!((bare.clone(), n), (expected.clone(), expected.len() + len));
-                let (ws, _) = shared_head(&all.head, len, version, Transport::WebSocket);
+                let (ws, _) = shared_head(&all.head, len, version, Framing::WebSocket);
                 let header = ws_header(OpCode::Binary, expected.len() + len);
                 assert_eq!(ws, [&header[..], &expected[..]].concat());
             }

@@ -12,13 +12,14 @@
 //! session ends with its connection), no shared subscriptions, no subscription identifiers,
 //! and the will is published when the connection ends even if it has a delay.
 
-use super::codec::{Encoder, Outbound, Sub, Tag, Transport};
+use super::codec::{framed, Encoder, Outbound, Sub, Tag};
 use super::encode::{self, AckKind, ConnackProperties, ProblemInfo};
 use super::packet::{self, Connect, Decoder, Limits, Packet, Reply as Refusal, RetainHandling};
 use super::retained::{Retained, RetainedStore};
 use super::topic::{parse_subscription, to_herald_patterns, to_herald_topic};
 use super::{QoS, ReasonCode, Version};
 use crate::connection::Codec;
+use crate::connection::Framing;
 use crate::metrics::Disconnect;
 use crate::node::Node;
 use crate::session::{Context, Input, Keepalive, Protocol};
@@ -41,7 +42,7 @@ const PACKET_OVERHEAD: u32 = 64 * 1024;
 
 /// One MQTT connection's protocol state.
 pub struct Mqtt {
-    transport: Transport,
+    framing: Framing,
     decoder: Decoder,
     /// Received bytes not yet a whole packet.
     buf: BytesMut,
@@ -67,16 +68,16 @@ struct Connected {
 }
 
 impl Mqtt {
-    pub fn new(node: &Node, transport: Transport) -> Mqtt {
+    pub fn new(node: &Node, framing: Framing) -> Mqtt {
         let maximum_packet_size = u32::try_from(node.config.max_message_bytes)
             .unwrap_or(u32::MAX)
             .saturating_add(PACKET_OVERHEAD)
             .min(super::wire::MAX_VARINT + 5);
         let state = Arc::new(Mutex::new(Outbound::default()));
         let retained = node.mqtt_retained.clone();
-        let encoder = Arc::new(Encoder::new(transport, retained.clone(), state.clone()));
+        let encoder = Arc::new(Encoder::new(framing, retained.clone(), state.clone()));
         Mqtt {
-            transport,
+            framing,
             decoder: Decoder::new(Limits {
                 maximum_packet_size,
                 topic_alias_maximum: TOPIC_ALIAS_MAXIMUM,
@@ -91,7 +92,7 @@ impl Mqtt {
     }
 
     fn send(&self, cx: &Context<'_>, packet: Bytes) {
-        cx.send(self.transport.frame(packet));
+        cx.send(framed(self.framing, packet));
     }
 
     /// Sends what the decoder's refusal calls for; the caller closes.
@@ -689,7 +690,7 @@ mod tests {
         let node = Node::new(config).unwrap();
         let serving = node.clone();
         tokio::spawn(async move {
-            let mqtt = |node: &Node| Mqtt::new(node, Transport::Stream);
+            let mqtt = |node: &Node| Mqtt::new(node, Framing::Stream);
             listener::serve_stream(tcp, serving, mqtt, std::future::pending()).await
         });
         node
