@@ -177,6 +177,7 @@ struct SubOptions {
 }
 
 impl Sub {
+    #[inline]
     fn new(s: &Subscribe, subscribed_at: u64) -> Self {
         let explicit = s.policy.is_some() || s.max_rate.is_some();
         let options = explicit.then(|| {
@@ -197,29 +198,35 @@ impl Sub {
         }
     }
 
+    #[inline]
     fn policy(&self) -> Option<Policy> {
         self.options.as_ref().and_then(|o| o.policy)
     }
 
+    #[inline]
     fn max_rate(&self) -> Option<f64> {
         self.options.as_ref().and_then(|o| o.max_rate)
     }
 
     /// What a `lossless` subscription still grants (nothing, for any other).
+    #[inline]
     fn credit(&self) -> Credit {
         self.options
             .as_ref()
             .map_or_else(Credit::default, |o| o.credit)
     }
 
+    #[inline]
     fn credit_mut(&mut self) -> Option<&mut Credit> {
         self.options.as_mut().map(|o| &mut o.credit)
     }
 
+    #[inline]
     fn is_explicit(&self) -> bool {
         self.options.is_some()
     }
 
+    #[inline]
     fn is_lossless(&self) -> bool {
         self.policy() == Some(Policy::Lossless)
     }
@@ -241,6 +248,7 @@ impl<O> Conn<O> {
     /// The policy for `topic` on this connection, its rate, and the subscription whose credit a
     /// `lossless` message spends. Among overlapping subscriptions the highest
     /// [`Policy::rank`] wins, then the earliest subscribed.
+    #[inline]
     fn policy_for(&self, topic: &str, default: (Policy, Option<f64>)) -> Chosen {
         let mut chosen = Chosen {
             policy: default.0,
@@ -432,6 +440,7 @@ impl<O: Outbox> Engine<O> {
 /// A text payload is a slice of the frame that brought it, and is copied: keeping the slice
 /// would keep the whole read buffer alive. A binary one is already a buffer of its own (the
 /// frame reader copies small ones out, see `wire::client_frames::detached`), and is shared.
+#[inline]
 fn message_of(
     head: &std::sync::Arc<crate::message::TopicHead>,
     seq: u64,
@@ -447,6 +456,7 @@ fn message_of(
 }
 
 /// `origin`'s usage, made when first needed.
+#[inline]
 fn usage_of(usage: &mut Vec<Usage>, origin: Origin) -> &mut Usage {
     let at = origin as usize;
     if usage.len() <= at {
@@ -456,6 +466,7 @@ fn usage_of(usage: &mut Vec<Usage>, origin: Origin) -> &mut Usage {
 }
 
 /// Brings what `state`'s owner is charged for it up to date with what it keeps now.
+#[inline]
 fn charge(usage: &mut Vec<Usage>, state: &mut TopicState) {
     if state.owner == 0 {
         return;

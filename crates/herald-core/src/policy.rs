@@ -88,6 +88,7 @@ pub enum QueuePolicy {
 }
 
 impl QueuePolicy {
+    #[inline]
     pub fn of(policy: Policy, max_rate: Option<f64>) -> QueuePolicy {
         match policy {
             Policy::Disconnect | Policy::Lossless => QueuePolicy::Keep,
@@ -126,11 +127,13 @@ impl Credit {
     }
 
     /// Whether a message with a payload of `len` bytes may go now.
+    #[inline]
     pub fn covers(&self, len: usize) -> bool {
         self.messages > 0 && self.bytes.is_none_or(|b| b >= len as u64)
     }
 
     /// Spends one message of `len` payload bytes (call after [`Credit::covers`]).
+    #[inline]
     pub fn spend(&mut self, len: usize) {
         self.messages = self.messages.saturating_sub(1);
         if let Some(b) = &mut self.bytes {

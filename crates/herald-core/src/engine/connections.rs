@@ -90,6 +90,7 @@ impl<O: Outbox> Engine<O> {
         self.conns.len() - self.free.len()
     }
 
+    #[inline]
     pub(super) fn conn(&self, id: ConnId) -> Option<&Conn<O>> {
         self.conns.get(id as usize).and_then(Option::as_ref)
     }

@@ -146,12 +146,14 @@ pub(super) struct TopicState {
 
 impl TopicState {
     /// The topic's default policy rule, if any.
+    #[inline]
     pub fn policy_rule(&self) -> Option<usize> {
         self.policy_rule.map(|i| i as usize)
     }
 
     /// The bytes the topic keeps: its history, or its last value when it keeps no history
     /// (the last value is the history's newest message otherwise, shared, not copied).
+    #[inline]
     pub fn retained(&self) -> usize {
         if !self.history.is_empty() {
             return self.history_bytes;
@@ -164,6 +166,7 @@ impl TopicState {
     }
 
     /// The history rule the topic is kept under, if any.
+    #[inline]
     pub fn history_rule<'a>(&self, config: &'a EngineConfig) -> Option<&'a HistoryRule> {
         self.rule.map(|i| &config.history[i as usize])
     }
@@ -196,6 +199,7 @@ impl TopicState {
     /// freeing it writes to. (The payload's reference count, in a block of `Bytes`' own, cannot
     /// be reached from here.) Each is a cache miss otherwise, one waiting for the other; issued
     /// when the topic is found, they overlap with the rest of the publish.
+    #[inline]
     pub fn prefetch_oldest(&self) {
         if let Some(oldest) = self.history.front() {
             prefetch(oldest, size_of::<Stored>());
