@@ -7,11 +7,10 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
-import { fileURLToPath } from "node:url";
 import mqtt from "mqtt";
-import { chromium } from "playwright-core";
 import { Herald, freePort, until } from "../../clients/js/test/herald.js";
-import { CHROMIUM, CHROMIUM_ARGS } from "../../clients/js/test/browser.js";
+import { CHROMIUM } from "../../clients/js/test/browser.js";
+import { pageWith, withTimeout } from "./helpers.js";
 
 /** @type {Herald} */
 let herald;
@@ -31,14 +30,6 @@ const BINARY = Buffer.from([...Array(256).keys(), ...Array(256).keys(), 0, 0, 0x
 
 const wsUrl = () => herald.ws.replace(/\/ws$/, "/mqtt");
 const tcpUrl = () => `mqtt://127.0.0.1:${mqttPort}`;
-
-function withTimeout(promise, what, ms = 3_000) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`no ${what} within ${ms} ms`)), ms);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
 
 /** A connected mqtt.js client (no reconnects), ended after the test; `got` collects its messages. */
 async function connected(t, url, options = {}) {
@@ -194,14 +185,7 @@ test("cross-protocol: a native /ws subscriber gets mqtt.js publishes; an HTTP pu
 const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`;
 
 test("mqtt.js in headless Chromium: connects on /mqtt, subscribes, receives binary and text from Node", { skip }, async (t) => {
-  const browser = await chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS });
-  t.after(() => browser.close());
-  const page = await browser.newPage();
-  const problems = [];
-  page.on("pageerror", (e) => problems.push(e.message));
-  await page.goto(herald.http + "/");
-  const bundle = new URL("node_modules/mqtt/dist/mqtt.min.js", import.meta.url);
-  await page.addScriptTag({ path: fileURLToPath(bundle) });
+  const { page, problems } = await pageWith(t, herald.http, "node_modules/mqtt/dist/mqtt.min.js");
   const granted = await page.evaluate(
     (url) =>
       new Promise((resolve, reject) => {

@@ -5,11 +5,10 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
-import { fileURLToPath } from "node:url";
 import { Client } from "@stomp/stompjs";
-import { chromium } from "playwright-core";
 import { Herald, until } from "../../clients/js/test/herald.js";
-import { CHROMIUM, CHROMIUM_ARGS } from "../../clients/js/test/browser.js";
+import { CHROMIUM } from "../../clients/js/test/browser.js";
+import { pageWith, withTimeout } from "./helpers.js";
 
 /** @type {Herald} */
 let herald;
@@ -44,14 +43,6 @@ async function connected(t, connectHeaders = {}) {
   t.after(() => client.deactivate());
   const frame = await withTimeout(up, "CONNECTED");
   return { client, errors, frame };
-}
-
-function withTimeout(promise, what, ms = 3_000) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`no ${what} within ${ms} ms`)), ms);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
 /** Publishes with a receipt and waits for it. */
@@ -113,14 +104,7 @@ test("stompjs in Node: a refused destination is an ERROR naming the frame's rece
 const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`;
 
 test("stompjs in headless Chromium: subscribes on /stomp and receives binary and text", { skip }, async (t) => {
-  const browser = await chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS });
-  t.after(() => browser.close());
-  const page = await browser.newPage();
-  const problems = [];
-  page.on("pageerror", (e) => problems.push(e.message));
-  await page.goto(herald.http + "/");
-  const bundle = new URL("node_modules/@stomp/stompjs/bundles/stomp.umd.min.js", import.meta.url);
-  await page.addScriptTag({ path: fileURLToPath(bundle) });
+  const { page, problems } = await pageWith(t, herald.http, "node_modules/@stomp/stompjs/bundles/stomp.umd.min.js");
   await page.evaluate((url) => {
     window.got = [];
     return new Promise((resolve, reject) => {

@@ -306,7 +306,7 @@ enum Write {
 /// by side until the connection ends; then ends it.
 async fn drive<P: Protocol, S: InputSource>(
     owner: &Arc<Node>,
-    session: Session<'_>,
+    mut session: Session<'_>,
     mut protocol: P,
     mut reader: S,
     write: Write,
@@ -316,9 +316,9 @@ async fn drive<P: Protocol, S: InputSource>(
         node,
         id,
         conn,
-        access,
         activity,
         socket,
+        ..
     } = session;
     let grace = Duration::from_secs(node.config.shutdown_grace_secs);
     let shed = async {
@@ -335,17 +335,9 @@ async fn drive<P: Protocol, S: InputSource>(
         }
     };
     tokio::pin!(writer);
-    let reading = Session {
-        node,
-        id,
-        conn,
-        access: &mut *access,
-        activity,
-        socket,
-    };
     // `written`: herald's close went out.
     let (why, written) = tokio::select! {
-        why = read_requests(reading, &mut protocol, &mut reader) => {
+        why = read_requests(&mut session, &mut protocol, &mut reader) => {
             let written = writer.await.is_ok();
             (conn.close_reason().unwrap_or(why), written)
         }
@@ -373,21 +365,11 @@ async fn drive<P: Protocol, S: InputSource>(
     };
     // The protocol's last word (an MQTT will), carried out while the connection still is.
     let mut requests = Vec::new();
-    let mut cx = Context {
-        node,
-        id,
-        conn,
-        access: &mut *access,
-        socket,
-        activity,
-        requests: &mut requests,
-        now_us: now_us(),
-    };
-    protocol.ended(&mut cx, why);
+    protocol.ended(&mut session.context(&mut requests, now_us()), why);
     if !requests.is_empty() {
         let mut pending = Pending::default();
         for request in requests {
-            if let Ok(Some(request)) = admit(node, id, conn, access, socket, request) {
+            if let Ok(Some(request)) = admit(node, id, conn, session.access, socket, request) {
                 let outcome = match node.handle_now(id, request, &mut pending, now_us()) {
                     Ok(outcome) => outcome,
                     Err(request) => Box::pin(node.handle_waiting(id, request, &mut pending)).await,
@@ -441,6 +423,22 @@ struct Session<'a> {
     access: &'a mut Access,
     activity: &'a Activity,
     socket: Option<&'a SocketHandle>,
+}
+
+impl Session<'_> {
+    /// What the protocol acts through for one call, its requests gathered in `requests`.
+    fn context<'s>(&'s mut self, requests: &'s mut Vec<Request>, now_us: u64) -> Context<'s> {
+        Context {
+            node: self.node,
+            id: self.id,
+            conn: self.conn,
+            access: &mut *self.access,
+            socket: self.socket,
+            activity: self.activity,
+            requests,
+            now_us,
+        }
+    }
 }
 
 /// What the reader reads: WebSocket frames ([`FrameReader`]) or a byte stream
@@ -667,7 +665,7 @@ impl ReadAt {
 /// Reads the client's input until it closes or breaks the protocol, hands each to the
 /// protocol and carries out what it asked for; returns why it stopped.
 async fn read_requests<P: Protocol, S: InputSource>(
-    session: Session<'_>,
+    session: &mut Session<'_>,
     protocol: &mut P,
     reader: &mut S,
 ) -> Disconnect {
@@ -675,10 +673,10 @@ async fn read_requests<P: Protocol, S: InputSource>(
         node,
         id,
         conn,
-        access,
         activity,
         socket,
-    } = session;
+        ..
+    } = *session;
     let mut now = ReadAt::now();
     // The pongs queued and not yet written (each still shared with the queue), oldest first.
     let mut pongs_owed: VecDeque<Bytes> = Default::default();
@@ -691,16 +689,7 @@ async fn read_requests<P: Protocol, S: InputSource>(
     let mut subscribed = false;
     // What the protocol asked for with the last input (or at the start), kept for the next.
     let mut requests: Vec<Request> = Vec::new();
-    protocol.start(&mut Context {
-        node,
-        id,
-        conn,
-        access: &mut *access,
-        socket,
-        activity,
-        requests: &mut requests,
-        now_us: now.wall_us,
-    });
+    protocol.start(&mut session.context(&mut requests, now.wall_us));
     // The clocks (`ReadAt`) are read after every wait and not per frame: frames handled
     // between two waits were read together, at most 64 frames apart: reading both clocks per
     // frame is a visible part of taking a small message in.
@@ -709,7 +698,7 @@ async fn read_requests<P: Protocol, S: InputSource>(
             // In a block of its own: the request's slots end here, so that a wait keeps only
             // its box across the await (rustc keeps a moved-from local while it is in scope).
             let (waiting, releases) = {
-                let request = match admit(node, id, conn, access, socket, request) {
+                let request = match admit(node, id, conn, session.access, socket, request) {
                     Ok(Some(request)) => request,
                     Ok(None) => continue,
                     Err(why) => return why,
@@ -822,17 +811,7 @@ async fn read_requests<P: Protocol, S: InputSource>(
             }
             Inbound::Pong | Inbound::Fragment(_) => continue,
         };
-        let mut cx = Context {
-            node,
-            id,
-            conn,
-            access: &mut *access,
-            socket,
-            activity,
-            requests: &mut requests,
-            now_us: now.wall_us,
-        };
-        if let Err(why) = protocol.input(&mut cx, input) {
+        if let Err(why) = protocol.input(&mut session.context(&mut requests, now.wall_us), input) {
             conn.close(why, 1008, why.label());
             return conn.close_reason().unwrap_or(why);
         }
