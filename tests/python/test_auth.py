@@ -7,6 +7,7 @@ checked: what a standard JWT library signs, herald accepts, and grants are enfor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -33,21 +34,31 @@ SECRET = "python-test-secret-at-least-32-bytes!"
 ADMIN = "python-admin-key"
 
 
-@pytest.fixture(scope="module")
-def secured():
+@contextlib.contextmanager
+def secured_herald(config: str, server=Herald, *args: str):
+    """`server` (a `Herald`, or a subclass) with auth on: tokens signed with SECRET, the admin
+    key ADMIN in `{dir}/admin`, and `config` as its TOML (`{dir}` is the folder holding both);
+    stopped, and checked to exit cleanly, at the end."""
     with tempfile.TemporaryDirectory() as tmp:
         secret = os.path.join(tmp, "secret")
-        admin = os.path.join(tmp, "admin")
-        config = os.path.join(tmp, "herald.toml")
+        toml = os.path.join(tmp, "herald.toml")
         with open(secret, "w") as f:
             f.write(SECRET + "\n")
-        with open(admin, "w") as f:
+        with open(os.path.join(tmp, "admin"), "w") as f:
             f.write(ADMIN)
-        with open(config, "w") as f:
-            f.write(f'[auth]\nadmin_api_key_file = "{admin}"\naudience = "py"\nleeway_secs = 0\n')
-        server = Herald("--config", config, "--auth-hs256-secret-file", secret)
+        with open(toml, "w") as f:
+            f.write(config.replace("{dir}", tmp))
+        running = server("--config", toml, "--auth-hs256-secret-file", secret, *args)
+        try:
+            yield running
+        finally:
+            running.stop_and_check()
+
+
+@pytest.fixture(scope="module")
+def secured():
+    with secured_herald('[auth]\nadmin_api_key_file = "{dir}/admin"\naudience = "py"\nleeway_secs = 0\n') as server:
         yield server
-        server.stop_and_check()
 
 
 def token(sub=(), pub=(), ttl=60, key=SECRET, alg="HS256", **claims) -> str:

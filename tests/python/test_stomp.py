@@ -19,7 +19,7 @@ import pytest
 import requests
 import stomp
 from stomp.adapter.ws import WSStompConnection
-from test_auth import SECRET, token
+from test_auth import secured_herald, token
 from test_protocol import (
     STEP,
     Herald,
@@ -61,16 +61,8 @@ def herald():
 
 @pytest.fixture(scope="module")
 def secured():
-    with tempfile.TemporaryDirectory() as tmp:
-        secret = os.path.join(tmp, "secret")
-        config = os.path.join(tmp, "herald.toml")
-        with open(secret, "w") as f:
-            f.write(SECRET + "\n")
-        with open(config, "w") as f:
-            f.write('[auth]\naudience = "py"\nleeway_secs = 0\n')
-        server = StompHerald("--config", config, "--auth-hs256-secret-file", secret)
+    with secured_herald('[auth]\naudience = "py"\nleeway_secs = 0\n', StompHerald) as server:
         yield server
-        server.stop_and_check()
 
 
 class Collector(stomp.ConnectionListener):

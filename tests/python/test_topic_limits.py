@@ -64,51 +64,38 @@ def test_idle_topics_without_subscribers_are_forgotten():
 def test_each_token_subject_has_its_own_topic_quota():
     """With auth on, the topics a token's subject created count against its own
     `max_topics_per_subject` (over WebSocket and HTTP alike); another subject is unaffected."""
-    import os
-    import tempfile
-
     import jwt
 
-    from test_auth import SECRET
+    from test_auth import SECRET, secured_herald
 
     def token(subject: str) -> str:
         claims = {"sub": subject, "aud": "py", "exp": int(time.time()) + 60, "herald": {"pub": ["orders/>"]}}
         return jwt.encode(claims, SECRET, algorithm="HS256")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        secret = os.path.join(tmp, "secret")
-        config = os.path.join(tmp, "herald.toml")
-        with open(secret, "w") as f:
-            f.write(SECRET + "\n")
-        with open(config, "w") as f:
-            f.write('[auth]\naudience = "py"\n[limits]\nmax_topics_per_subject = 2\n')
-        server = Herald("--config", config, "--auth-hs256-secret-file", secret)
-        try:
-            alice = token("alice")
-            bob = token("bob")
+    with secured_herald('[auth]\naudience = "py"\n[limits]\nmax_topics_per_subject = 2\n') as server:
+        alice = token("alice")
+        bob = token("bob")
 
-            async def body():
-                ws = await connect(server)
-                await send_json(ws, {"op": "auth", "id": 0, "token": alice})
-                assert (await recv_json(ws))["op"] == "authed"
-                await publish(ws, "orders/a1", "x", id=1)
-                await publish(ws, "orders/a2", "x", id=2)
-                await send_json(ws, {"op": "pub", "id": 3, "topic": "orders/a3", "data": "x"})
-                reply = await recv_json(ws)
-                assert (reply["op"], reply["code"], reply["id"]) == ("error", "too_many_topics", 3), reply
-                await publish(ws, "orders/a1", "again", id=4)
-                await ws.close()
+        async def body():
+            ws = await connect(server)
+            await send_json(ws, {"op": "auth", "id": 0, "token": alice})
+            assert (await recv_json(ws))["op"] == "authed"
+            await publish(ws, "orders/a1", "x", id=1)
+            await publish(ws, "orders/a2", "x", id=2)
+            await send_json(ws, {"op": "pub", "id": 3, "topic": "orders/a3", "data": "x"})
+            reply = await recv_json(ws)
+            assert (reply["op"], reply["code"], reply["id"]) == ("error", "too_many_topics", 3), reply
+            await publish(ws, "orders/a1", "again", id=4)
+            await ws.close()
 
-            asyncio.run(asyncio.wait_for(body(), 10))
-            over = requests.post(
-                f"{server.http}/api/publish/orders/a4", data="x", timeout=STEP,
-                headers={"Authorization": f"Bearer {alice}"},
-            )
-            assert over.status_code == 503 and over.json()["code"] == "too_many_topics", over.text
-            fine = requests.post(
-                f"{server.http}/api/publish/orders/b1", data="x", timeout=STEP,
-                headers={"Authorization": f"Bearer {bob}"},
-            )
-            assert fine.status_code == 200, fine.text
-        finally:
-            server.stop_and_check()
+        asyncio.run(asyncio.wait_for(body(), 10))
+        over = requests.post(
+            f"{server.http}/api/publish/orders/a4", data="x", timeout=STEP,
+            headers={"Authorization": f"Bearer {alice}"},
+        )
+        assert over.status_code == 503 and over.json()["code"] == "too_many_topics", over.text
+        fine = requests.post(
+            f"{server.http}/api/publish/orders/b1", data="x", timeout=STEP,
+            headers={"Authorization": f"Bearer {bob}"},
+        )
+        assert fine.status_code == 200, fine.text
