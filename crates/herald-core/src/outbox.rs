@@ -313,7 +313,17 @@ impl OutboundQueue {
     /// in one vectored write): throttled messages whose time has come join the queue, then a
     /// `dropped` notice per topic that lost messages to `drop`, then the queue in order, each
     /// conflated message preceded by the notice of the values it superseded.
+    #[inline]
     pub fn drain_into<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
+        // Checked inline: most calls find the queue empty (a direct write drains again after
+        // writing, to take what came meanwhile), and then no call is worth making.
+        if self.slots.is_empty() && self.due.is_empty() && self.dropped.is_empty() {
+            return;
+        }
+        self.drain_waiting(out, codec, now_us);
+    }
+
+    fn drain_waiting<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
         while let Some(Reverse((due, _))) = self.due.peek() {
             if *due > now_us {
                 break;
@@ -370,7 +380,14 @@ impl OutboundQueue {
     /// Gives back the memory a burst left behind, once the queue is empty: an idle connection
     /// (most of them, most of the time) should not keep room for the hundred replies of its
     /// subscribe burst. Small capacities stay, so steady traffic never reallocates.
+    #[inline]
     pub fn shrink_idle(&mut self) {
+        if self.slots.capacity() > IDLE_CAPACITY || self.droppable.capacity() > IDLE_CAPACITY {
+            self.shrink_emptied();
+        }
+    }
+
+    fn shrink_emptied(&mut self) {
         if self.slots.is_empty() && self.slots.capacity() > IDLE_CAPACITY {
             self.slots.shrink_to(IDLE_CAPACITY);
         }
