@@ -383,6 +383,27 @@ def test_herald_heart_beats_keep_a_listening_stomp_py_client_connected(beating):
     conn.disconnect()
 
 
+def test_a_heart_beating_publisher_held_by_a_lossless_subscriber_is_not_idle(beating):
+    """herald stops reading a publisher while a lossless subscriber has no credit for its
+    message; the beats the publisher sends meanwhile wait in the socket, so that wait does not
+    count as the publisher's silence (herald closes a client after two silent intervals)."""
+    sub, got = stomp_tcp(beating)
+    sub.subscribe("/topic/py/held", id="s", ack="client-individual", headers={"prefetch-count": "1", "receipt": "r"})
+    got.receipt("r")
+    pub, pub_got = stomp_tcp(beating, heartbeats=(1000, 1000))
+    pub.send("/topic/py/held", b"first")
+    pub.send("/topic/py/held", b"held", headers={"receipt": "held"})
+    first = got.messages_after(1)[0]
+    time.sleep(3)  # longer than two of the publisher's intervals
+    assert not pub_got.disconnected and "held" not in pub_got.receipts
+    sub.ack(first.headers["ack"])
+    pub_got.receipt("held")
+    assert [m.body for m in got.messages_after(2)] == [b"first", b"held"]
+    assert not pub_got.disconnected and not pub_got.errors
+    for c in (sub, pub):
+        c.disconnect()
+
+
 @run_async
 async def test_websocket_subprotocol_is_echoed_and_frames_may_split_or_share_messages(herald):
     from websockets.asyncio.client import connect as ws_connect
