@@ -72,6 +72,7 @@ class Collector(stomp.ConnectionListener):
         self.cond = threading.Condition()
         self.messages = []
         self.receipts = []
+        self.receipt_headers = {}
         self.errors = []
         self.connected = False
         self.disconnected = False
@@ -88,7 +89,11 @@ class Collector(stomp.ConnectionListener):
         self._add(lambda: self.messages.append(frame))
 
     def on_receipt(self, frame):
-        self._add(lambda: self.receipts.append(frame.headers["receipt-id"]))
+        def add():
+            self.receipts.append(frame.headers["receipt-id"])
+            self.receipt_headers[frame.headers["receipt-id"]] = frame.headers
+
+        self._add(add)
 
     def on_error(self, frame):
         self._add(lambda: self.errors.append(frame))
@@ -109,7 +114,9 @@ class Collector(stomp.ConnectionListener):
         return self.messages[:n]
 
     def receipt(self, rid):
+        """Waits for RECEIPT `rid`; returns its headers."""
         self.wait(lambda c: rid in c.receipts, what=f"RECEIPT {rid}")
+        return self.receipt_headers[rid]
 
 
 def stomp_tcp(server: StompHerald, passcode: str | None = None, heartbeats=(0, 0)):
@@ -278,6 +285,143 @@ async def test_native_and_http_publishes_reach_a_stomp_subscriber_once_in_order(
     await asyncio.to_thread(quiet, got, len(sent))
     sub.disconnect()
     await ws.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Resuming from a position (docs/stomp.md, "Recovery")
+# --------------------------------------------------------------------------------------------
+
+
+def publish_http(server: StompHerald, topic: str, bodies):
+    for body in bodies:
+        r = requests.post(f"{server.http}/api/publish/{topic}", data=body, timeout=STEP)
+        assert r.status_code == 200, r.text
+
+
+def position(message) -> str:
+    """The `since` value that resumes after `message`: its `seq` and `epoch` headers."""
+    return f"{message.headers['seq']}@{message.headers['epoch']}"
+
+
+def test_resubscribing_since_a_position_replays_what_was_missed_once_in_order_then_live(herald):
+    conn, got = stomp_tcp(herald)
+    conn.subscribe("/topic/py/resume/a", id="s", headers={"receipt": "first"})
+    assert got.receipt("first")["replayed"] == "0"
+    publish_http(herald, "py/resume/a", [b"m0", b"m1", BINARY])
+    seen = got.messages_after(3)
+    assert [m.body for m in seen] == [b"m0", b"m1", BINARY]
+    since = position(seen[-1])
+    conn.disconnect(receipt="bye")
+
+    publish_http(herald, "py/resume/a", [b"m3", b"\x00m4", b"m5"])  # while away
+
+    conn.connect(wait=True, headers={"host": "herald"})  # the same stomp.py connection, again
+    conn.subscribe("/topic/py/resume/a", id="s", headers={"since": since, "receipt": "again"})
+    receipt = got.receipt("again")
+    assert receipt["replayed"] == "3" and "gap" not in receipt, receipt
+    publish_http(herald, "py/resume/a", [b"live"])
+    after = got.messages_after(7)[3:]
+    assert [m.body for m in after] == [b"m3", b"\x00m4", b"m5", b"live"]
+    assert [int(m.headers["seq"]) for m in after] == [4, 5, 6, 7]
+    assert {m.headers["epoch"] for m in after} == {seen[0].headers["epoch"]}
+    quiet(got, 7)
+    conn.disconnect()
+
+
+@pytest.fixture(scope="module")
+def short_history():
+    """herald keeping three messages per topic under py/short/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = os.path.join(tmp, "herald.toml")
+        with open(config, "w") as f:
+            f.write('[[history]]\npattern = "py/short/>"\nmax_messages = 3\n\n[[history]]\npattern = ">"\n')
+        server = StompHerald("--config", config)
+        yield server
+        server.stop_and_check()
+
+
+def test_a_gap_history_no_longer_holds_is_named_in_the_receipt(short_history):
+    conn, got = stomp_tcp(short_history)
+    conn.subscribe("/topic/py/short/a", id="s", headers={"receipt": "r"})
+    got.receipt("r")
+    publish_http(short_history, "py/short/a", [b"m1", b"m2"])
+    since = position(got.messages_after(2)[-1])
+    conn.disconnect()
+    publish_http(short_history, "py/short/a", [f"m{i}".encode() for i in range(3, 9)])  # only m6-m8 kept
+
+    again, got = stomp_tcp(short_history)
+    again.subscribe("/topic/py/short/a", id="s", headers={"since": since, "receipt": "again"})
+    receipt = got.receipt("again")
+    assert receipt["gap"] == "/topic/py/short/a 3-5 no longer held", receipt
+    assert receipt["replayed"] == "3"
+    assert [m.body for m in got.messages_after(3)] == [b"m6", b"m7", b"m8"]
+    quiet(got, 3)
+    again.disconnect()
+
+
+def test_after_a_restart_the_receipt_says_history_was_lost():
+    """herald keeps history in memory: a restart starts every topic in a new epoch."""
+    before = StompHerald()
+    try:
+        conn, got = stomp_tcp(before)
+        conn.subscribe("/topic/py/restart/a", id="s", headers={"receipt": "r"})
+        got.receipt("r")
+        publish_http(before, "py/restart/a", [b"old-1", b"old-2"])
+        last = got.messages_after(2)[-1]
+        conn.disconnect()
+    finally:
+        before.stop_and_check()
+
+    after = StompHerald()
+    try:
+        # Nothing published since the restart: herald holds nothing of the topic.
+        conn, got = stomp_tcp(after)
+        conn.subscribe("/topic/py/restart/a", id="s", headers={"since": position(last), "receipt": "r1"})
+        assert got.receipt("r1")["gap"] == "/topic/py/restart/a nothing held"
+        conn.disconnect()
+
+        publish_http(after, "py/restart/a", [b"new-1", b"new-2"])
+        conn, got = stomp_tcp(after)
+        conn.subscribe("/topic/py/restart/a", id="s", headers={"since": position(last), "receipt": "r2"})
+        receipt = got.receipt("r2")
+        new = got.messages_after(2)
+        epoch = new[0].headers["epoch"]
+        assert epoch != last.headers["epoch"]
+        assert receipt["gap"] == f"/topic/py/restart/a history lost, numbering restarted in epoch {epoch}", receipt
+        assert [(m.body, m.headers["seq"]) for m in new] == [(b"new-1", "1"), (b"new-2", "2")]
+        quiet(got, 2)
+        conn.disconnect()
+    finally:
+        after.stop_and_check()
+
+
+def test_a_wildcard_resumes_with_the_cursor_of_its_first_receipt(herald):
+    """`since` names one topic; a wildcard gets everything after its cursor again, topics that
+    appeared meanwhile included, and drops the (topic, epoch, seq) it has already seen."""
+    conn, got = stomp_tcp(herald)
+    conn.subscribe("/topic/py/wild/>", id="w", headers={"receipt": "r"})
+    cursor = got.receipt("r")["cursor"]
+    publish_http(herald, "py/wild/a", [b"a1"])
+    seen = {(m.headers["destination"], m.headers["epoch"], m.headers["seq"]) for m in got.messages_after(1)}
+    conn.disconnect()
+    publish_http(herald, "py/wild/a", [b"a2"])
+    publish_http(herald, "py/wild/new", [b"n1"])
+
+    again, got = stomp_tcp(herald)
+    again.subscribe("/topic/py/wild/>", id="w", headers={"cursor": cursor, "receipt": "r"})
+    assert "gap" not in got.receipt("r")
+    replayed = got.messages_after(3)
+    fresh = [m.body for m in replayed if (m.headers["destination"], m.headers["epoch"], m.headers["seq"]) not in seen]
+    assert sorted(fresh) == [b"a2", b"n1"]
+    quiet(got, 3)
+    again.disconnect()
+
+
+def test_since_on_a_wildcard_is_an_error(herald):
+    conn, got = stomp_tcp(herald)
+    conn.subscribe("/topic/py/wild/>", id="w", headers={"since": "1@x", "receipt": "r"})
+    got.wait(lambda c: c.errors and c.disconnected, what="ERROR then close")
+    assert "cursor" in got.errors[0].headers["message"], got.errors[0].headers
 
 
 # --------------------------------------------------------------------------------------------
