@@ -1,9 +1,10 @@
 """Third-party test of herald's STOMP (docs/stomp.md) with the `stomp.py` client library.
 
-stomp.py speaks to herald over its plain TCP listener (`--stomp-listen`) and over WebSocket
-at `/stomp`; herald's own protocol (the `websockets` client) and `POST /api/publish` are the
-other side of the cross-protocol tests. Bad input is sent on raw sockets, since a client
-library will not send it. Every wait is bounded.
+stomp.py speaks to herald over its TCP listener (`--stomp-listen`) and over WebSocket at
+`/stomp`, both also over TLS (certificates from a private CA made with the openssl command);
+herald's own protocol (the `websockets` client) and `POST /api/publish` are the other side of
+the cross-protocol and resume tests. Bad input is sent on raw sockets, since a client library
+will not send it. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -119,24 +121,30 @@ class Collector(stomp.ConnectionListener):
         return self.receipt_headers[rid]
 
 
-def stomp_tcp(server: StompHerald, passcode: str | None = None, heartbeats=(0, 0)):
-    """A connected stomp.py client on herald's STOMP listener, with its collector."""
-    conn = stomp.Connection12(
-        [("127.0.0.1", server.stomp_port)], auto_decode=False, heartbeats=heartbeats, timeout=STEP
-    )
+def stomp_tcp(server: StompHerald, passcode: str | None = None, heartbeats=(0, 0), ca: str | None = None):
+    """A connected stomp.py client on herald's STOMP listener, with its collector; over TLS
+    trusting the CA certificate file `ca` when given."""
+    address = ("127.0.0.1", server.stomp_port)
+    conn = stomp.Connection12([address], auto_decode=False, heartbeats=heartbeats, timeout=STEP)
+    if ca:
+        conn.set_ssl(for_hosts=[address], ca_certs=ca)
     return start(conn, passcode)
 
 
-def stomp_ws(server: StompHerald, passcode: str | None = None):
-    """A connected stomp.py client on herald's `/stomp` WebSocket, with its collector."""
+def stomp_ws(server: StompHerald, passcode: str | None = None, ca: str | None = None):
+    """A connected stomp.py client on herald's `/stomp` WebSocket, with its collector; `wss://`
+    trusting the CA certificate file `ca` when given."""
+    address = ("127.0.0.1", server.port)
     conn = WSStompConnection(
-        [("127.0.0.1", server.port)],
+        [address],
         ws_path="/stomp",
         header={"Sec-WebSocket-Protocol": "v12.stomp"},
         auto_decode=False,
         binary_mode=True,
         timeout=STEP,
     )
+    if ca:
+        conn.set_ssl(for_hosts=[address], ca_certs=ca)
     return start(conn, passcode)
 
 
@@ -422,6 +430,86 @@ def test_since_on_a_wildcard_is_an_error(herald):
     conn.subscribe("/topic/py/wild/>", id="w", headers={"since": "1@x", "receipt": "r"})
     got.wait(lambda c: c.errors and c.disconnected, what="ERROR then close")
     assert "cursor" in got.errors[0].headers["message"], got.errors[0].headers
+
+
+# --------------------------------------------------------------------------------------------
+# TLS: wss://…/stomp and the STOMP listener, with [tls]
+# --------------------------------------------------------------------------------------------
+
+
+def make_certificates(folder: str) -> tuple[str, str, str]:
+    """A private CA and a server certificate it signed for 127.0.0.1, made with the openssl
+    command: (CA certificate, server certificate, server key) files."""
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True, timeout=30)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=herald test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    with open(os.path.join(folder, "server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "1", "-extfile", "server.ext", "-out", "server.pem")
+    return tuple(os.path.join(folder, name) for name in ("ca.pem", "server.pem", "server.key"))
+
+
+class TlsStompHerald(StompHerald):
+    """herald with `[tls]`: https and wss on its listener, TLS on its STOMP listener."""
+
+    scheme = "https"
+
+    def __init__(self, ca: str, cert: str, key: str):
+        self.verify = ca
+        super().__init__("--tls-cert-file", cert, "--tls-key-file", key)
+
+
+@pytest.fixture(scope="module")
+def tls():
+    with tempfile.TemporaryDirectory() as tmp:
+        ca, cert, key = make_certificates(tmp)
+        server = TlsStompHerald(ca, cert, key)
+        yield server
+        server.stop_and_check()
+
+
+@pytest.mark.parametrize("transport", [stomp_tcp, stomp_ws], ids=["tcp", "wss"])
+def test_stomp_py_over_tls_round_trips_a_binary_body(tls, transport):
+    sub, got = transport(tls, ca=tls.verify)
+    pub, pub_got = transport(tls, ca=tls.verify)
+    assert got.connected and not got.errors
+    sub.subscribe("/topic/py/tls", id="s", headers={"receipt": "r"})
+    got.receipt("r")
+    pub.send("/topic/py/tls", BINARY, content_type="application/octet-stream", headers={"receipt": "p"})
+    pub_got.receipt("p")
+    r = requests.post(f"{tls.http}/api/publish/py/tls", data=b"over https", timeout=STEP, verify=tls.verify)
+    assert r.status_code == 200, r.text
+    assert [m.body for m in got.messages_after(2)] == [BINARY, b"over https"]
+    quiet(got, 2)
+    for c in (sub, pub):
+        c.disconnect()
+
+
+def test_plain_text_to_the_tls_listeners_fails_cleanly_and_others_keep_receiving(tls):
+    sub, got = stomp_tcp(tls, ca=tls.verify)
+    sub.subscribe("/topic/py/tls/bystander", id="s", headers={"receipt": "r"})
+    got.receipt("r")
+
+    # Plain STOMP to the TLS listener: no handshake, so herald closes; it never answers in
+    # plain text.
+    answer = raw_exchange(tls, CONNECT + b"SEND\ndestination:/topic/py/tls/bystander\n\nplain\x00")
+    assert b"CONNECTED" not in answer and b"plain" not in answer, answer[:200]
+    # A plain WebSocket to the wss listener: the upgrade fails.
+    plain = WSStompConnection([("127.0.0.1", tls.port)], ws_path="/stomp", timeout=STEP, reconnect_attempts_max=1)
+    with pytest.raises(stomp.exception.ConnectFailedException):
+        plain.connect(wait=True)
+
+    r = requests.post(f"{tls.http}/api/publish/py/tls/bystander", data=b"still here", timeout=STEP, verify=tls.verify)
+    assert r.status_code == 200
+    assert [m.body for m in got.messages_after(1)] == [b"still here"]
+    quiet(got, 1)
+    sub.disconnect()
 
 
 # --------------------------------------------------------------------------------------------
