@@ -512,8 +512,9 @@ struct Activity {
     started: Instant,
     last_ms: AtomicU64,
     /// The reader waits for a held publish: herald, not the client, stopped reading, so the
-    /// client's silence does not count against the idle timeout until the reader resumes
-    /// (what the client sent meanwhile, its heart-beats included, waits unread in the socket).
+    /// client is not quiet (for the idle timeout, and for a ping sent to a quiet client) until
+    /// the reader resumes (what the client sent meanwhile, its heart-beats included, waits
+    /// unread in the socket).
     held: AtomicBool,
     keepalive: Mutex<Keepalive>,
     /// Wakes the keep-alive timer when the protocol changes it.

@@ -168,9 +168,17 @@ final class Stomp implements AutoCloseable {
             lost.complete(exception);
         }
 
-        /** Waits for the connection to be lost; returns why. */
-        Throwable lost() throws Exception {
-            return lost.get(STEP, TimeUnit.SECONDS);
+        /** Waits until the connection is lost: Spring told the handler why, and the session
+         * is no longer connected. */
+        void lost() throws Exception {
+            assertNotNull(lost.get(STEP, TimeUnit.SECONDS));
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(STEP);
+            while (session.isConnected()) {
+                if (System.nanoTime() > deadline) {
+                    fail("still connected after " + transportErrors);
+                }
+                Thread.sleep(10);
+            }
         }
 
         /** A subscription to {@code destination} with {@code extra} headers (name, value, …),
