@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
@@ -514,6 +514,11 @@ impl InputSource for StreamReader {
 struct Activity {
     started: Instant,
     last_ms: AtomicU64,
+    /// The reader waits for a held publish: herald, not the client, stopped reading, so the
+    /// client is not quiet (for the idle timeout, and for a ping sent to a quiet client) until
+    /// the reader resumes (what the client sent meanwhile, its heart-beats included, waits
+    /// unread in the socket).
+    held: AtomicBool,
     keepalive: Mutex<Keepalive>,
     /// Wakes the keep-alive timer when the protocol changes it.
     changed: Notify,
@@ -526,6 +531,7 @@ impl Activity {
         Activity {
             started: Instant::now(),
             last_ms: AtomicU64::new(0),
+            held: AtomicBool::new(false),
             keepalive: Mutex::new(keepalive),
             changed: Notify::new(),
             renegotiates,
@@ -561,7 +567,15 @@ impl Activity {
         self.resumed()
     }
 
+    /// The reader is held by (`true`), or released from, a publish waiting for credit.
+    fn hold(&self, held: bool) {
+        self.held.store(held, Ordering::Relaxed);
+    }
+
     fn quiet_for(&self) -> Duration {
+        if self.held.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
         let ms = self.started.elapsed().as_millis() as u64;
         Duration::from_millis(ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
     }
@@ -730,8 +744,10 @@ async fn read_requests<P: Protocol, S: InputSource>(
             // `{ waiting }` moves it whole (a `None` too), which frees `pending` for what
             // follows.
             if let Some(waiting) = { waiting } {
+                activity.hold(true);
                 node.account(waiting.await);
-                now = ReadAt::now();
+                activity.hold(false);
+                now = activity.resumed();
             }
             if releases {
                 node.released.notify_waiters();
