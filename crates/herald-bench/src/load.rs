@@ -7,10 +7,11 @@
 //! window is two wall-clock instants there: a delivery counts towards latency and egress when it
 //! is received inside the window. Integrity is counted over the whole run.
 //!
-//! Per delivery the client: reads the frame ([`crate::wire`]), finds the topic's slot in its
-//! block by subtraction ([`crate::schedule::Assignment`]), updates the (subscriber, topic)
-//! [`TopicTrack`], and records receive − send (and the two legs when herald stamped it), into the
-//! pool's histograms and into the subscriber's own ([`crate::fairness`]).
+//! Per delivery the client: reads the frame in its protocol ([`crate::protocol::Decoder`]),
+//! finds the topic's slot in its block by subtraction ([`crate::schedule::Assignment`]), updates
+//! the (subscriber, topic) [`TopicTrack`] (over MQTT, one per publisher too: see
+//! [`crate::protocol`]), and records receive − send (and the two legs when herald stamped it),
+//! into the pool's histograms and into the subscriber's own ([`crate::fairness`]).
 //!
 //! Stock-exchange clients can also trade: every `trader.every`-th client publishes an order on
 //! its share every `trader.interval_us`.
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fairness::{SubscriberLatency, SubscriberP99};
 use crate::integrity::{Counts, TopicTrack};
+use crate::protocol::{self, Decoder, Endpoint, Protocol};
 use crate::schedule::{Assignment, Schedule};
 use crate::stats;
 use crate::wire::{self, Incoming};
@@ -61,6 +63,20 @@ pub struct ClientSpec {
     /// itself, a stall of milliseconds once it holds millions.
     pub raw_reserve: usize,
     pub trader: Option<TraderSpec>,
+    /// The protocol the subscribers speak.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// MQTT: the QoS subscribed at (0 or 1).
+    #[serde(default)]
+    pub qos: u8,
+    /// The publishers whose own numbering a subscriber checks, when the server gives none
+    /// (MQTT): a track per (topic, publisher).
+    #[serde(default = "one")]
+    pub publishers: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,6 +114,15 @@ impl ClientSpec {
         match self.topic_names.get(n as usize) {
             Some(name) => format!("{}/{}", self.topic_prefix, name),
             None => format!("{}/{}", self.topic_prefix, n),
+        }
+    }
+
+    /// Tracks per subscribed topic: one per publisher when the deliveries carry their
+    /// publisher's numbering, else one.
+    fn lanes(&self) -> usize {
+        match self.protocol {
+            Protocol::Mqtt => self.publishers.max(1) as usize,
+            Protocol::Native | Protocol::Stomp => 1,
         }
     }
 
@@ -515,9 +540,8 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
         0 => &spec.url,
         n => &spec.sub_urls[(id % n as u64) as usize],
     };
-    let url: tungstenite::http::Uri = target.parse().context("bad --url")?;
-    let host = url.host().context("--url has no host")?;
-    let port = url.port_u16().unwrap_or(80);
+    let endpoint = Endpoint::of(target, spec.protocol)?;
+    let (host, port) = (endpoint.host.as_str(), endpoint.port);
     let addr: SocketAddr = tokio::net::lookup_host((host, port))
         .await?
         .next()
@@ -532,9 +556,14 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
     }
     let stream = sock.connect(addr).await?;
     stream.set_nodelay(true)?;
-    let path = url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut ws =
-        WsClient::handshake(stream, &format!("{host}:{port}"), path, spec.max_message).await?;
+    let mut ws = match &endpoint.path {
+        Some(path) => {
+            let subprotocol = spec.protocol.subprotocol();
+            let host = format!("{host}:{port}");
+            WsClient::handshake(stream, &host, path, subprotocol, spec.max_message).await?
+        }
+        None => WsClient::raw(stream, spec.max_message)?,
+    };
     if spec.stamp_arrivals {
         ws.stamp_arrivals()?;
     }
@@ -568,19 +597,26 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
     };
     shared.connected.fetch_add(1, Relaxed);
     let topics: Vec<u64> = assignment.topics_of(id).collect();
-    let mut subs = vec![];
-    for &t in &topics {
-        crate::ws_client::encode_client_frame(
-            0x1,
-            wire::sub_frame(&spec.topic(t)).as_bytes(),
-            &mut subs,
-        );
-    }
-    if ws.writer().write_all(&subs).await.is_err() {
+    let names: Vec<String> = topics.iter().map(|&t| spec.topic(t)).collect();
+    let mut hello = vec![];
+    let writer = ws.writer();
+    protocol::subscriber_hello(
+        spec.protocol,
+        writer.framing(),
+        &protocol::client_id('s', id),
+        &names,
+        spec.qos,
+        &mut hello,
+    );
+    if writer.write_all(&hello).await.is_err() {
         shared.closed.fetch_add(1, Relaxed);
         return;
     }
-    let tracks = Rc::new(RefCell::new(vec![TopicTrack::default(); topics.len()]));
+    let lanes = spec.lanes();
+    let tracks = Rc::new(RefCell::new(vec![
+        TopicTrack::default();
+        topics.len() * lanes
+    ]));
     let slot = {
         let mut l = local.borrow_mut();
         l.tracks.push(tracks.clone());
@@ -590,12 +626,13 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
     let rx = Receiver {
         local,
         shared,
-        spec,
         assignment,
         id,
         tracks,
+        lanes,
         slot,
         pending_subs: topics.len(),
+        spec,
     };
     // A trader publishes on its own share from a separate local task with the write handle.
     if let Some(t) = rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
@@ -613,7 +650,9 @@ struct Receiver {
     spec: ClientSpec,
     assignment: Assignment,
     id: u64,
+    /// Per subscribed topic (in slot order), `lanes` tracks: one per publisher numbering.
     tracks: Rc<RefCell<Vec<TopicTrack>>>,
+    lanes: usize,
     /// This subscriber's place in [`Local::subscribers`].
     slot: usize,
     pending_subs: usize,
@@ -622,6 +661,7 @@ struct Receiver {
 impl Receiver {
     async fn run(mut self, mut ws: WsClient) {
         let (shared, id) = (self.shared.clone(), self.id);
+        let mut decoder = Decoder::new(self.spec.protocol, self.spec.max_message);
         loop {
             let (msg, arrived_us) = match ws.next().await {
                 Ok(m) => m,
@@ -637,9 +677,9 @@ impl Receiver {
                 }
             };
             let recv_us = wire::now_us();
-            let inc = match msg {
-                ServerMessage::Text(t) => wire::parse_text(t),
-                ServerMessage::Binary(b) => wire::parse_binary(b),
+            let (text, bytes) = match msg {
+                ServerMessage::Text(t) => (true, t),
+                ServerMessage::Binary(b) => (false, b),
                 ServerMessage::Close(code, reason) => {
                     if !shared.stop.load(Relaxed) {
                         shared.closed.fetch_add(1, Relaxed);
@@ -651,8 +691,40 @@ impl Receiver {
                     return;
                 }
             };
-            self.handle(inc, recv_us, arrived_us);
+            let fed = decoder.feed(text, bytes, &mut |inc| {
+                self.handle(inc, recv_us, arrived_us)
+            });
+            if let Err(e) = fed {
+                shared.closed.fetch_add(1, Relaxed);
+                push_error(
+                    &mut self.local.borrow_mut().window.errors,
+                    format!("connection {id}: {e:#}"),
+                );
+                return;
+            }
+            if !decoder.replies.is_empty() {
+                let writer = ws.writer();
+                let mut frame = Vec::with_capacity(decoder.replies.len() + 14);
+                let op = decoder.protocol().opcode();
+                writer.framing().put(op, &decoder.replies, &mut frame);
+                decoder.replies.clear();
+                if writer.write_all(&frame).await.is_err() && !shared.stop.load(Relaxed) {
+                    shared.closed.fetch_add(1, Relaxed);
+                    return;
+                }
+            }
         }
+    }
+
+    /// The track of (subscribed topic, publisher numbering) for a delivery or notice on
+    /// `topic`, if this subscriber holds it.
+    fn track(&self, topic: &[u8], publisher: Option<u32>) -> Option<usize> {
+        let slot = self
+            .spec
+            .topic_index(topic)
+            .and_then(|n| self.assignment.slot(self.id, n))?;
+        let lane = publisher.map_or(0, |p| p as usize);
+        (lane < self.lanes).then_some(slot * self.lanes + lane)
     }
 
     fn handle(&mut self, inc: Incoming<'_>, recv_us: u64, arrived_us: u64) {
@@ -661,11 +733,7 @@ impl Receiver {
             Incoming::Msg(d) => {
                 shared.received.fetch_add(1, Relaxed);
                 let mut l = self.local.borrow_mut();
-                let slot = self
-                    .spec
-                    .topic_index(d.topic)
-                    .and_then(|n| self.assignment.slot(self.id, n));
-                if let Some(s) = slot {
+                if let Some(s) = self.track(d.topic, d.publisher) {
                     self.tracks.borrow_mut()[s].on_message(d.seq, &mut l.counts);
                 } else {
                     l.counts.received += 1;
@@ -674,11 +742,7 @@ impl Receiver {
             }
             Incoming::Dropped { topic, count } => {
                 let mut l = self.local.borrow_mut();
-                let slot = self
-                    .spec
-                    .topic_index(topic.as_bytes())
-                    .and_then(|n| self.assignment.slot(self.id, n));
-                match slot {
+                match self.track(topic.as_bytes(), None) {
                     Some(s) => self.tracks.borrow_mut()[s].on_dropped(count, &mut l.counts),
                     None => {
                         l.counts.discard_notices += 1;
@@ -696,7 +760,7 @@ impl Receiver {
                 &mut self.local.borrow_mut().window.errors,
                 format!("server error: {e}"),
             ),
-            Incoming::Other => {}
+            Incoming::Connected | Incoming::Acked | Incoming::Other => {}
         }
     }
 }
@@ -734,7 +798,7 @@ async fn trade(
         for _ in 0..n {
             let now = wire::now_us();
             wire::text_pub(&mut buf, &topic, now, sent, t.payload, t.stamp, "order");
-            crate::ws_client::encode_client_frame(0x1, buf.as_bytes(), &mut frames);
+            sink.framing().put(0x1, buf.as_bytes(), &mut frames);
             sent += 1;
             shared.orders.fetch_add(1, Relaxed);
             let (ws, we) = (
@@ -779,6 +843,7 @@ mod tests {
             ts: Some(1_050),
             send_us: Some(1_000),
             len: 50,
+            publisher: None,
         };
         shared.win_start_us.store(2_000, Relaxed);
         shared.win_end_us.store(3_000, Relaxed);
@@ -818,6 +883,9 @@ mod tests {
             stamp_arrivals: false,
             raw_reserve: 0,
             trader: None,
+            protocol: Protocol::Native,
+            qos: 0,
+            publishers: 1,
         }
     }
 

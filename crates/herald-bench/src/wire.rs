@@ -7,7 +7,13 @@
 //!
 //! Payload layout (what the bench publishes):
 //! * text: `"<send µs since UNIX epoch>:<publisher counter>:<padding to B bytes>"`;
-//! * binary: 8 bytes send µs (big-endian), 8 bytes counter, then padding to B bytes.
+//! * binary: 8 bytes send µs (big-endian), 8 bytes counter, then padding to B bytes;
+//! * over MQTT and STOMP ([`numbered_payload`]): `"<send µs>:<publisher>.<n>:<padding>"`, with
+//!   `n` the message's number among its publisher's messages on its topic. MQTT carries no
+//!   server sequence number, so a subscriber checks loss and order by these numbers instead.
+//!
+//! Every protocol's payload starts with the send time in the same text form, read by one
+//! function ([`payload_send_us`]): latency is measured the same way whatever carries it.
 
 use memchr::memmem::Finder;
 use std::sync::LazyLock;
@@ -79,6 +85,38 @@ pub fn binary_pub(topic: &str, send_us: u64, counter: u64, payload: usize, stamp
     f
 }
 
+/// Writes the payload of a message published over MQTT or STOMP into `buf` (cleared first):
+/// `"<send µs>:<publisher>.<n>:<text>"` padded with `x` to `payload` bytes (the stamp and the
+/// numbers always fit, even past it).
+pub fn numbered_payload(
+    buf: &mut Vec<u8>,
+    send_us: u64,
+    publisher: u64,
+    n: u64,
+    payload: usize,
+    text: &str,
+) {
+    use std::io::Write;
+    buf.clear();
+    let _ = write!(buf, "{send_us}:{publisher}.{n}:{text}");
+    if buf.len() < payload {
+        buf.resize(payload, b'x');
+    }
+}
+
+/// The publisher and number of a payload [`numbered_payload`] wrote.
+pub fn payload_number(data: &[u8]) -> Option<(u32, u64)> {
+    let rest = &data[memchr::memchr(b':', data)? + 1..];
+    let field = &rest[..memchr::memchr(b':', rest)?];
+    let dot = memchr::memchr(b'.', field)?;
+    let (p, n) = (&field[..dot], &field[dot + 1..]);
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    if !digits(p) || !digits(n) {
+        return None;
+    }
+    Some((u32::try_from(parse_u64(p)?).ok()?, parse_u64(n)?))
+}
+
 /// Rewrites the timestamp of a frame built by [`binary_pub`] (images reuse one buffer).
 pub fn patch_binary_stamp(frame: &mut [u8], send_us: u64, counter: u64) {
     let hl = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
@@ -98,14 +136,25 @@ pub struct Delivery<'a> {
     pub send_us: Option<u64>,
     /// Payload length in bytes (text: the JSON string's raw length).
     pub len: usize,
+    /// Whose numbering `seq` is: None, herald's (per topic); Some(p), publisher `p`'s own
+    /// (per publisher and topic, from the payload: MQTT).
+    pub publisher: Option<u32>,
 }
 
-/// What a frame from herald is.
+/// What a frame from the server is (in any protocol: [`crate::protocol::Decoder`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming<'a> {
     Msg(Delivery<'a>),
-    Dropped { topic: String, count: u64 },
+    Dropped {
+        topic: String,
+        count: u64,
+    },
+    /// One subscription confirmed (native `subscribed`, an MQTT SUBACK's code, a STOMP RECEIPT).
     Subscribed,
+    /// The session is open (MQTT CONNACK accepted, STOMP CONNECTED).
+    Connected,
+    /// A QoS 1 publish acknowledged (MQTT PUBACK).
+    Acked,
     Error(String),
     Other,
 }
@@ -149,15 +198,17 @@ pub fn parse_text(s: &[u8]) -> Incoming<'_> {
                 topic,
                 seq,
                 ts: find_u64(s, &TS),
-                send_us: text_send_us(data),
+                send_us: payload_send_us(data),
                 len: data.len(),
+                publisher: None,
             });
         }
     }
     slow_path(s)
 }
 
-fn text_send_us(data: &[u8]) -> Option<u64> {
+/// The send time a text payload starts with (`"<send µs>:…"`).
+pub fn payload_send_us(data: &[u8]) -> Option<u64> {
     let colon = memchr::memchr(b':', data)?;
     parse_u64(&data[..colon]).filter(|_| colon > 0)
 }
@@ -205,6 +256,7 @@ pub fn parse_binary(b: &[u8]) -> Incoming<'_> {
         ts: find_u64(header, &TS),
         send_us,
         len: payload.len(),
+        publisher: None,
     })
 }
 
@@ -298,5 +350,23 @@ mod tests {
             (9, Some(130), Some(123), 1000)
         );
         assert_eq!(parse_binary(&[0, 0, 0, 50, b'{']), Incoming::Other);
+    }
+
+    #[test]
+    fn numbered_payloads_carry_the_stamp_and_the_publishers_number() {
+        let mut buf = vec![];
+        numbered_payload(&mut buf, 1_763_888_000_123_456, 3, 17, 50, "");
+        assert_eq!(buf.len(), 50);
+        assert!(buf.starts_with(b"1763888000123456:3.17:xx"));
+        assert_eq!(payload_send_us(&buf), Some(1_763_888_000_123_456));
+        assert_eq!(payload_number(&buf), Some((3, 17)));
+        // Longer than asked: nothing cut; the text follows the numbers.
+        numbered_payload(&mut buf, 5, 0, 1, 4, "Hello World! #0");
+        assert_eq!(buf, b"5:0.1:Hello World! #0");
+        assert_eq!(payload_number(&buf), Some((0, 1)));
+        // A native payload has no publisher number.
+        assert_eq!(payload_number(b"5:1:xxxx"), None);
+        assert_eq!(payload_number(b"5:.1:x"), None);
+        assert_eq!(payload_number(b"5:1:x.2:"), None);
     }
 }
