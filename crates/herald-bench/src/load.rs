@@ -661,7 +661,8 @@ struct Receiver {
 impl Receiver {
     async fn run(mut self, mut ws: WsClient) {
         let (shared, id) = (self.shared.clone(), self.id);
-        let mut decoder = Decoder::new(self.spec.protocol, self.spec.max_message);
+        let spec = &self.spec;
+        let mut decoder = Decoder::new(spec.protocol, spec.max_message, spec.qos);
         loop {
             let (msg, arrived_us) = match ws.next().await {
                 Ok(m) => m,

@@ -251,6 +251,8 @@ pub fn publish(
 pub struct Decoder {
     protocol: Protocol,
     max_message: usize,
+    /// MQTT: the QoS subscriptions asked for; a lower grant is reported.
+    qos: u8,
     carry: Vec<u8>,
     /// What the client owes the server for what it read (MQTT PUBACKs of QoS 1 deliveries),
     /// unframed; the caller sends and clears it.
@@ -258,10 +260,11 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    pub fn new(protocol: Protocol, max_message: usize) -> Decoder {
+    pub fn new(protocol: Protocol, max_message: usize, qos: u8) -> Decoder {
         Decoder {
             protocol,
             max_message,
+            qos,
             carry: Vec::new(),
             replies: Vec::new(),
         }
@@ -283,9 +286,11 @@ impl Decoder {
         let Decoder {
             protocol,
             max_message,
+            qos,
             carry,
             replies,
         } = self;
+        let asked = *qos;
         let max = *max_message;
         match protocol {
             Protocol::Native => {
@@ -300,7 +305,7 @@ impl Decoder {
                 let Some((packet, n)) = mqtt::parse(b, max)? else {
                     return Ok(None);
                 };
-                mqtt_incoming(packet, replies, f);
+                mqtt_incoming(packet, asked, replies, f);
                 Ok(Some(n))
             }),
             Protocol::Stomp => frames(carry, bytes, |b| {
@@ -345,6 +350,7 @@ fn frames(
 
 fn mqtt_incoming(
     packet: mqtt::Packet<'_>,
+    asked: u8,
     replies: &mut Vec<u8>,
     f: &mut impl FnMut(Incoming<'_>),
 ) {
@@ -383,6 +389,11 @@ fn mqtt_incoming(
         mqtt::Packet::PubAck(_) => f(Incoming::Acked),
         mqtt::Packet::SubAck(codes) => {
             for &code in codes {
+                if code < asked {
+                    f(Incoming::Error(format!(
+                        "the server granted MQTT subscriptions QoS {code} where the bench asked {asked}"
+                    )));
+                }
                 f(match code {
                     0..=2 => Incoming::Subscribed,
                     _ => Incoming::Error(format!(
@@ -492,7 +503,7 @@ mod tests {
         mqtt::publish("t/3", 1, 77, &payload, &mut bytes);
         mqtt::publish("t/4", 0, 0, &payload, &mut bytes);
         let whole = {
-            let mut d = Decoder::new(Protocol::Mqtt, 1 << 20);
+            let mut d = Decoder::new(Protocol::Mqtt, 1 << 20, 0);
             let seen = decode(&mut d, &[&bytes]);
             assert_eq!(
                 d.replies,
@@ -512,7 +523,7 @@ mod tests {
             whole[2]
         );
         for cut in 1..bytes.len() {
-            let mut d = Decoder::new(Protocol::Mqtt, 1 << 20);
+            let mut d = Decoder::new(Protocol::Mqtt, 1 << 20, 0);
             assert_eq!(
                 decode(&mut d, &[&bytes[..cut], &bytes[cut..]]),
                 whole,
@@ -520,10 +531,18 @@ mod tests {
             );
             assert!(d.carry.is_empty());
         }
-        let mut d = Decoder::new(Protocol::Mqtt, 1 << 20);
-        let seen = decode(&mut d, &[&[0x20, 2, 0, 5], &[0x90, 3, 0, 1, 0x80]]);
+        let mut d = Decoder::new(Protocol::Mqtt, 1 << 20, 1);
+        let seen = decode(&mut d, &[&[0x20, 2, 0, 5], &[0x90, 4, 0, 1, 0x80, 0]]);
         assert!(seen[0].contains("CONNACK return code 5"), "{seen:?}");
         assert!(seen[1].contains("SUBACK return code 0x80"), "{seen:?}");
+        assert!(
+            seen[2].contains("granted MQTT subscriptions QoS 0 where the bench asked 1"),
+            "{seen:?}"
+        );
+        assert_eq!(
+            seen[3], "Subscribed",
+            "a lower grant is still a subscription"
+        );
     }
 
     #[test]
@@ -533,7 +552,7 @@ mod tests {
             b"MESSAGE\nsubscription:0\nmessage-id:1\ndestination:/topic/t/9\ncontent-length:10\nseq:4\nepoch:e\nts:1200\n\n1000:0.1:x\0",
         );
         bytes.extend_from_slice(b"MESSAGE\ndestination:/topic/t/9\ndropped:2\n\n1000:3.8:x\0");
-        let whole = decode(&mut Decoder::new(Protocol::Stomp, 1 << 20), &[&bytes]);
+        let whole = decode(&mut Decoder::new(Protocol::Stomp, 1 << 20, 0), &[&bytes]);
         assert_eq!(whole.len(), 6, "{whole:?}");
         assert_eq!(&whole[..3], ["Connected", "Other", "Subscribed"]);
         assert!(
@@ -549,7 +568,7 @@ mod tests {
         );
         assert_eq!(whole[4], r#"Dropped { topic: "t/9", count: 2 }"#);
         for cut in 1..bytes.len() {
-            let mut d = Decoder::new(Protocol::Stomp, 1 << 20);
+            let mut d = Decoder::new(Protocol::Stomp, 1 << 20, 0);
             assert_eq!(
                 decode(&mut d, &[&bytes[..cut], &bytes[cut..]]),
                 whole,

@@ -246,7 +246,7 @@ impl Session {
     fn open(spec: &PubSpec, stats: &PubStats) -> Result<Session> {
         let mut s = Session {
             conn: Conn::open(spec)?,
-            decoder: Decoder::new(spec.protocol, spec.max_message),
+            decoder: Decoder::new(spec.protocol, spec.max_message, 0),
             // The native protocol has no session to open.
             connected: spec.protocol == Protocol::Native,
             in_flight: 0,
