@@ -509,6 +509,11 @@ pub fn fairness_cells(f: &Fairness) -> String {
 }
 
 fn proxy_tables(o: &mut String, r: &RunReport) {
+    // Steps of several protocols (a sweep over `protocol`) say which each row is.
+    let mixed = r
+        .steps
+        .iter()
+        .any(|s| protocols_cell(s) != protocols_cell(&r.steps[0]));
     for (title, key) in [
         (
             "Time between publisher and herald (publish → server), mean over trials",
@@ -549,11 +554,14 @@ fn proxy_tables(o: &mut String, r: &RunReport) {
                 .get("interval_ms")
                 .and_then(|v| v.as_f64())
                 .unwrap_or(0.0);
-            let label = if interval <= 0.0 {
+            let mut label = if interval <= 0.0 {
                 "burst (0)".to_string()
             } else {
                 format!("{interval}")
             };
+            if mixed {
+                label = format!("{}: {label}", protocols_cell(s));
+            }
             let sum: Summary = s
                 .extra
                 .get(key)
@@ -1019,6 +1027,36 @@ mod tests {
         ] {
             assert!(!markdown(&report(k)).is_empty());
         }
+    }
+
+    #[test]
+    fn protocols_and_cpu_per_delivery_are_reported() {
+        let mut r = report(Kind::Fanout);
+        let md = markdown(&r);
+        assert!(!md.contains("Protocols"), "all native: no line\n{md}");
+        r.steps[0].server_cpu_us_per_delivery = Some(3.25);
+        for s in &mut r.steps {
+            s.protocol = Protocol::Mqtt;
+            s.pub_protocol = Protocol::Mqtt;
+            s.mqtt_qos = 1;
+        }
+        let md = markdown(&r);
+        assert!(
+            md.contains("Protocols (publishers → subscribers): mqtt → mqtt (MQTT QoS 1).\n"),
+            "{md}"
+        );
+        assert!(md.contains("Server CPU per delivery (µs): 3.25\n"), "{md}");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["steps"][0]["protocol"], "mqtt");
+        assert_eq!(v["steps"][0]["server_cpu_us_per_delivery"], 3.25);
+        // Proxy rows of several protocols say which each is; without stamps, no legs.
+        let mut r = report(Kind::ProxyLatency);
+        r.steps[1].protocol = Protocol::Stomp;
+        r.steps[1].pub_protocol = Protocol::Stomp;
+        let md = markdown(&r);
+        assert!(md.contains("| stomp → stomp: burst (0) |"), "{md}");
+        assert!(md.contains("| native → native: burst (0) |"), "{md}");
+        assert!(md.contains("no split into legs"), "{md}");
     }
 
     #[test]
