@@ -637,7 +637,12 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
     // A trader publishes on its own share from a separate local task with the write handle.
     if let Some(t) = rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
         let topic = rx.spec.topic(topics[0]);
-        tokio::task::spawn_local(trade(rx.local.clone(), ws.writer(), topic, t, stop));
+        let trader = Trader {
+            client: id,
+            topic,
+            spec: t,
+        };
+        tokio::task::spawn_local(trade(rx.local.clone(), ws.writer(), trader, stop));
     }
     rx.run(ws).await
 }
@@ -766,13 +771,24 @@ impl Receiver {
     }
 }
 
+/// A trading client: its number (the publisher in its orders' payload), its share's topic.
+struct Trader {
+    client: u64,
+    topic: String,
+    spec: TraderSpec,
+}
+
 async fn trade(
     local: Rc<RefCell<Local>>,
     sink: WsWriter,
-    topic: String,
-    t: TraderSpec,
+    trader: Trader,
     stop: Rc<tokio::sync::Notify>,
 ) {
+    let Trader {
+        client,
+        topic,
+        spec: t,
+    } = trader;
     let shared = local.borrow().shared.clone();
     // Start trading once the client is subscribed (a short fixed delay keeps it simple).
     let sched = Schedule::new(1e6 / t.interval_us.max(1) as f64, None);
@@ -798,7 +814,8 @@ async fn trade(
         frames.clear();
         for _ in 0..n {
             let now = wire::now_us();
-            wire::text_pub(&mut buf, &topic, now, sent, t.payload, t.stamp, "order");
+            let number = (client, sent + 1);
+            wire::text_pub(&mut buf, &topic, now, number, t.payload, t.stamp, "order");
             sink.framing().put(0x1, buf.as_bytes(), &mut frames);
             sent += 1;
             shared.orders.fetch_add(1, Relaxed);

@@ -211,7 +211,7 @@ pub fn packet_id(n: u64) -> u16 {
 /// frame meanwhile). `stamp` asks herald for its receive time (native, STOMP); `qos` and
 /// `packet_id` are MQTT's. A native publish carries the payload as its text `data`, which
 /// must then need no JSON escape (a [`wire::numbered_payload`] needs none); the native
-/// publishers of the scenarios write their own ([`wire::text_pub`], [`wire::binary_pub`]).
+/// publishers of the scenarios write theirs in place ([`wire::text_pub`], [`wire::binary_pub`]).
 #[allow(clippy::too_many_arguments)]
 pub fn publish(
     protocol: Protocol,
@@ -499,7 +499,7 @@ mod tests {
     fn mqtt_packets_split_and_joined_across_messages() {
         let mut bytes = vec![0x20, 2, 0, 0, 0x90, 3, 0, 1, 0];
         let mut payload = vec![];
-        wire::numbered_payload(&mut payload, 1_000, 2, 5, 20, "");
+        wire::numbered_payload(&mut payload, 1_000, (2, 5), 20, "");
         mqtt::publish("t/3", 1, 77, &payload, &mut bytes);
         mqtt::publish("t/4", 0, 0, &payload, &mut bytes);
         let whole = {

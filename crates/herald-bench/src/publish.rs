@@ -444,6 +444,10 @@ fn run(
             let g = spec.index + i * spec.stride;
             let k = spec.spread.topic(g) as usize;
             let topic = &spec.topics[k];
+            numbers[k] += 1;
+            let number = (spec.index, spec.numbered_from + numbers[k]);
+            let text = spec.text.as_ref().map(|t| format!("{t} #{i}"));
+            let extra = text.as_deref().unwrap_or("");
             if spec.protocol != Protocol::Native {
                 if spec.qos > 0 && s.in_flight >= MAX_IN_FLIGHT {
                     if let Err(e) = s.conn.stream().write_all(&out) {
@@ -452,12 +456,8 @@ fn run(
                     out.clear();
                     s.wait(&stats, "with PUBACKs", |s| s.in_flight < MAX_IN_FLIGHT)?;
                 }
-                numbers[k] += 1;
-                let text = spec.text.as_ref().map(|t| format!("{t} #{i}"));
-                let n = spec.numbered_from + numbers[k];
                 let now = wire::now_us();
-                let extra = text.as_deref().unwrap_or("");
-                wire::numbered_payload(&mut body, now, spec.index, n, spec.payload, extra);
+                wire::numbered_payload(&mut body, now, number, spec.payload, extra);
                 let id = protocol::packet_id(i);
                 protocol::publish(
                     spec.protocol,
@@ -496,15 +496,15 @@ fn run(
                     encode_client_frame(OpCode::Binary as u8, &message, &mut out);
                 }
             } else {
-                let text;
-                let extra = match &spec.text {
-                    Some(t) => {
-                        text = format!("{t} #{i}");
-                        text.as_str()
-                    }
-                    None => "",
-                };
-                wire::text_pub(&mut buf, topic, now, i, spec.payload, spec.stamp, extra);
+                wire::text_pub(
+                    &mut buf,
+                    topic,
+                    now,
+                    number,
+                    spec.payload,
+                    spec.stamp,
+                    extra,
+                );
                 encode_client_frame(OpCode::Text as u8, buf.as_bytes(), &mut out);
             }
             i += 1;

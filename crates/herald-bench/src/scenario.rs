@@ -279,10 +279,8 @@ impl Params {
                 publishers.as_str()
             );
         }
-        if self.binary && publishers != native {
-            bail!(
-                "binary applies to native publishers: an MQTT or STOMP payload is the text layout"
-            );
+        if self.binary && protocols != [native; 2] {
+            bail!("binary applies to native clients only: MQTT and STOMP carry the text payload");
         }
         if self.mqtt_qos > 1 {
             bail!("mqtt_qos must be 0 or 1 (got {})", self.mqtt_qos);
@@ -533,7 +531,7 @@ values = [1000, 2000, 3000]
         assert!(p.set("protocol", parse_value("amqp")).is_err());
         p.set("pub_protocol", parse_value("amqp")).unwrap();
         assert!(p.validate(Kind::Fanout).is_err());
-        p.set("pub_protocol", parse_value("stomp")).unwrap();
+        p.set("pub_protocol", parse_value("native")).unwrap();
         p.binary = true;
         assert!(p.validate(Kind::Fanout).is_err(), "binary is native's");
         p.binary = false;

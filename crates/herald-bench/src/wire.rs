@@ -6,14 +6,16 @@
 //! byte search rather than a full JSON parse; anything else falls back to serde_json.
 //!
 //! Payload layout (what the bench publishes):
-//! * text: `"<send µs since UNIX epoch>:<publisher counter>:<padding to B bytes>"`;
-//! * binary: 8 bytes send µs (big-endian), 8 bytes counter, then padding to B bytes;
-//! * over MQTT and STOMP ([`numbered_payload`]): `"<send µs>:<publisher>.<n>:<padding>"`, with
-//!   `n` the message's number among its publisher's messages on its topic. MQTT carries no
-//!   server sequence number, so a subscriber checks loss and order by these numbers instead.
+//! * text, in every protocol ([`numbered_payload`]; a native publish's `data`):
+//!   `"<send µs since UNIX epoch>:<publisher>.<n>:<text><padding to B bytes>"`, with `n` the
+//!   message's number among its publisher's messages on its topic. MQTT carries no server
+//!   sequence number, so an MQTT subscriber checks loss and order by these numbers instead;
+//! * binary (native publishers and subscribers only): 8 bytes send µs (big-endian), 8 bytes
+//!   counter, then padding to B bytes.
 //!
-//! Every protocol's payload starts with the send time in the same text form, read by one
-//! function ([`payload_send_us`]): latency is measured the same way whatever carries it.
+//! The text payload is the same bytes whatever protocol carries it, and its send time is read
+//! by one function ([`payload_send_us`]): latency is measured the same way for every protocol,
+//! and any protocol's subscribers can read any protocol's publishers.
 
 use memchr::memmem::Finder;
 use std::sync::LazyLock;
@@ -38,13 +40,14 @@ pub fn sub_frame(topic: &str) -> String {
     format!("{{\"op\":\"sub\",\"topic\":\"{topic}\"}}")
 }
 
-/// Writes a text publish frame into `buf` (cleared first). `payload` is the total `data` length;
-/// the timestamp and counter always fit, even past it.
+/// Writes a text publish frame into `buf` (cleared first), its `data` the payload
+/// [`numbered_payload`] writes for (publisher, n) `number`. `payload` is the total `data`
+/// length; the timestamp and numbers always fit, even past it.
 pub fn text_pub(
     buf: &mut String,
     topic: &str,
     send_us: u64,
-    counter: u64,
+    number: (u64, u64),
     payload: usize,
     stamp: bool,
     text: &str,
@@ -59,7 +62,7 @@ pub fn text_pub(
         "\",\"data\":\""
     });
     let start = buf.len();
-    let _ = write!(buf, "{send_us}:{counter}:");
+    let _ = write!(buf, "{send_us}:{}.{}:", number.0, number.1);
     buf.push_str(text);
     let used = buf.len() - start;
     for _ in used..payload {
@@ -85,20 +88,19 @@ pub fn binary_pub(topic: &str, send_us: u64, counter: u64, payload: usize, stamp
     f
 }
 
-/// Writes the payload of a message published over MQTT or STOMP into `buf` (cleared first):
-/// `"<send µs>:<publisher>.<n>:<text>"` padded with `x` to `payload` bytes (the stamp and the
-/// numbers always fit, even past it).
+/// Writes the text payload into `buf` (cleared first): `"<send µs>:<publisher>.<n>:<text>"`
+/// for (publisher, n) `number`, padded with `x` to `payload` bytes (the stamp and the numbers
+/// always fit, even past it).
 pub fn numbered_payload(
     buf: &mut Vec<u8>,
     send_us: u64,
-    publisher: u64,
-    n: u64,
+    number: (u64, u64),
     payload: usize,
     text: &str,
 ) {
     use std::io::Write;
     buf.clear();
-    let _ = write!(buf, "{send_us}:{publisher}.{n}:{text}");
+    let _ = write!(buf, "{send_us}:{}.{}:{text}", number.0, number.1);
     if buf.len() < payload {
         buf.resize(payload, b'x');
     }
@@ -248,8 +250,13 @@ pub fn parse_binary(b: &[u8]) -> Incoming<'_> {
     let (Some(seq), Some(topic)) = (find_u64(header, &SEQ), find_str(header, &TOPIC)) else {
         return Incoming::Other;
     };
-    let send_us =
-        (payload.len() >= 16).then(|| u64::from_be_bytes(payload[..8].try_into().unwrap()));
+    // The text layout when it starts with a digit (published over MQTT, whose payloads herald
+    // delivers as binary), else the binary one: its first byte, the top of a send time in µs,
+    // is 0.
+    let send_us = match payload.first() {
+        Some(b) if b.is_ascii_digit() => payload_send_us(payload),
+        _ => (payload.len() >= 16).then(|| u64::from_be_bytes(payload[..8].try_into().unwrap())),
+    };
     Incoming::Msg(Delivery {
         topic,
         seq,
@@ -277,13 +284,22 @@ mod tests {
     #[test]
     fn text_roundtrip() {
         let mut buf = String::new();
-        text_pub(&mut buf, "t/12", 1_763_888_000_123_456, 7, 50, true, "");
+        text_pub(
+            &mut buf,
+            "t/12",
+            1_763_888_000_123_456,
+            (2, 7),
+            50,
+            true,
+            "",
+        );
         let v: serde_json::Value = serde_json::from_str(&buf).unwrap();
         assert_eq!(v["op"], "pub");
         assert_eq!(v["stamp"], true);
         let data = v["data"].as_str().unwrap();
         assert_eq!(data.len(), 50);
-        assert!(data.starts_with("1763888000123456:7:x"));
+        assert!(data.starts_with("1763888000123456:2.7:x"));
+        assert_eq!(payload_number(data.as_bytes()), Some((2, 7)));
         // what herald sends back
         let msg = format!(
             "{{\"op\":\"msg\",\"topic\":\"t/12\",\"seq\":42,\"epoch\":\"5c1e\",\"data\":\"{data}\",\"ts\":1763888000123470}}"
@@ -350,21 +366,29 @@ mod tests {
             (9, Some(130), Some(123), 1000)
         );
         assert_eq!(parse_binary(&[0, 0, 0, 50, b'{']), Incoming::Other);
+        // A text payload delivered as binary (published over MQTT) is read as text.
+        let mut d = (header.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(header);
+        d.extend_from_slice(b"1763888000123456:0.3:xxxxxxxxxx");
+        let Incoming::Msg(m) = parse_binary(&d) else {
+            panic!()
+        };
+        assert_eq!(m.send_us, Some(1_763_888_000_123_456));
     }
 
     #[test]
     fn numbered_payloads_carry_the_stamp_and_the_publishers_number() {
         let mut buf = vec![];
-        numbered_payload(&mut buf, 1_763_888_000_123_456, 3, 17, 50, "");
+        numbered_payload(&mut buf, 1_763_888_000_123_456, (3, 17), 50, "");
         assert_eq!(buf.len(), 50);
         assert!(buf.starts_with(b"1763888000123456:3.17:xx"));
         assert_eq!(payload_send_us(&buf), Some(1_763_888_000_123_456));
         assert_eq!(payload_number(&buf), Some((3, 17)));
         // Longer than asked: nothing cut; the text follows the numbers.
-        numbered_payload(&mut buf, 5, 0, 1, 4, "Hello World! #0");
+        numbered_payload(&mut buf, 5, (0, 1), 4, "Hello World! #0");
         assert_eq!(buf, b"5:0.1:Hello World! #0");
         assert_eq!(payload_number(&buf), Some((0, 1)));
-        // A native payload has no publisher number.
+        // Anything else has no publisher number.
         assert_eq!(payload_number(b"5:1:xxxx"), None);
         assert_eq!(payload_number(b"5:.1:x"), None);
         assert_eq!(payload_number(b"5:1:x.2:"), None);
