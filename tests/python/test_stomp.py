@@ -195,6 +195,25 @@ def test_binary_bodies_with_nuls_arrive_byte_for_byte_with_receipts(herald, tran
         c.disconnect(receipt="bye")
 
 
+def test_a_stamped_send_carries_herald_receive_time(herald):
+    """`stamp:true` on a SEND asks for herald's receive time on each MESSAGE (`ts`, µs since
+    the UNIX epoch), as a native publish's `"stamp": true` does: it splits latency into legs."""
+    sub, sub_got = stomp_tcp(herald)
+    pub, _ = stomp_ws(herald)
+    sub.subscribe("/topic/py/stamp", id="s", headers={"receipt": "sub"})
+    sub_got.receipt("sub")
+    before = time.time() * 1e6
+    pub.send("/topic/py/stamp", b"stamped", headers={"stamp": "true"})
+    pub.send("/topic/py/stamp", b"plain")
+    stamped, plain = sub_got.messages_after(2)
+    after = time.time() * 1e6
+    # herald stamps when its reader woke for the frame: at most a moment before it was sent.
+    assert before - 1e6 <= int(stamped.headers["ts"]) <= after
+    assert "ts" not in plain.headers
+    for c in (sub, pub):
+        c.disconnect()
+
+
 def test_client_individual_acks_give_credit_back(herald):
     sub, got = stomp_tcp(herald)
     pub, _ = stomp_tcp(herald)

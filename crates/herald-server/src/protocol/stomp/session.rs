@@ -241,7 +241,7 @@ impl StompSession {
             payload: frame.body.clone(),
             kind,
             content_type: frame.header("content-type").map(str::to_owned),
-            stamp: false,
+            stamp: frame.header("stamp") == Some("true"),
         }));
         Ok(())
     }
