@@ -53,19 +53,9 @@ mkdir -p "$out"
 work=$(mktemp -d)
 mq_pid=""
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$here/rounds.sh"
+extra=(--set stamp=false --set mqtt_qos="$qos")
 
-# Stops a process this script started: TERM, then KILL after 5 s.
-stop() {
-    local pid="$1"
-    kill -TERM "$pid" 2>/dev/null || return 0
-    for _ in $(seq 50); do
-        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
 cleanup() {
     if [ -n "$mq_pid" ]; then stop "$mq_pid"; fi
     rm -rf "$work"
@@ -115,23 +105,6 @@ EOF
     exit 1
 }
 
-# One run: name, round, the core the bench is pinned to ("" when it pins itself beside a
-# server it spawns), then its target arguments. Bounded: connecting at the scenario's
-# 2,000/s, warm-up, window, drain, and a minute and a half to spare; SIGINT first, which the
-# bench answers by stopping what it spawned.
-run() {
-    local name="$1" round="$2" core="$3"; shift 3
-    local limit pin=()
-    limit=$(python3 -c "print(int($clients / 2000 + $warmup + $duration + 90))")
-    [ -z "$core" ] || pin=(taskset -c "$core")
-    echo "== round $round/$rounds: $name ($clients clients, ${duration}s)" >&2
-    timeout -s INT -k 20 "$limit" "${pin[@]}" "$bin" bench "$scenario" "$@" \
-        --clients "$clients" --duration "$duration" --set warmup="$warmup" \
-        --set stamp=false --set mqtt_qos="$qos" --quiet \
-        --json "$out/r$round-$name.json" --markdown "$out/r$round-$name.md" >/dev/null \
-        || echo "   $name failed in round $round (exit $?); see $out/r$round-$name.md if written" >&2
-}
-
 for round in $(seq "$rounds"); do
     run herald-native "$round" "" --spawn-bin "$bin"
     run herald-mqtt "$round" "" --spawn-bin "$bin" --set protocol=mqtt
@@ -141,62 +114,5 @@ for round in $(seq "$rounds"); do
     stop "$mq_pid"; mq_pid=""
 done
 
-python3 - "$out" "$rounds" <<'EOF'
-import json, os, statistics, sys
-
-out, rounds = sys.argv[1], int(sys.argv[2])
-names = ["herald-native", "herald-mqtt", "mosquitto"]
-
-def step(name, r):
-    path = os.path.join(out, f"r{r}-{name}.json")
-    if not os.path.exists(path):
-        return None
-    rep = json.load(open(path))
-    if not rep["steps"]:
-        return None
-    s = rep["steps"][0]
-    s["loopback"] = rep["machine"].get("loopback_write_us")
-    return s
-
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-def fmt(x, d=0):
-    return "-" if x is None else f"{x:,.{d}f}"
-
-rows, medians = [], {}
-print(f"\nSolace 3.1.2 scenario, medians over {rounds} round(s); reports in {out}\n")
-print("| run | rounds | egress achieved (expected) msg/s | mean (µs) | p50 (µs) | p99 (µs) | p99.9 (µs) | p99.9 by round (µs) | server CPU | server CPU per delivery (µs) | lost / dup / ooo | bench saturated | loopback write (µs) |")
-print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
-for n in names:
-    ss = [s for s in (step(n, r) for r in range(1, rounds + 1)) if s]
-    if not ss:
-        print(f"| {n} | 0 | no report | | | | | | | | | | |")
-        continue
-    m = {
-        "p999": med([s["latency_us"]["p999"] for s in ss]),
-        "cpu": med([s.get("server_cpu_us_per_delivery") for s in ss]),
-    }
-    medians[n] = m
-    lat = lambda k: med([s["latency_us"][k] for s in ss])
-    cores = med([s.get("server_cpu_cores") for s in ss])
-    print(
-        f"| {n} | {len(ss)} | {fmt(med([s['egress_achieved'] for s in ss]))} ({fmt(ss[0]['egress_expected'])}) "
-        f"| {fmt(lat('mean'))} | {fmt(lat('p50'))} | {fmt(lat('p99'))} | {fmt(m['p999'])} "
-        f"| {', '.join(fmt(s['latency_us']['p999']) for s in ss)} "
-        f"| {fmt(cores * 100 if cores is not None else None)}% "
-        f"| {fmt(m['cpu'], 2)} "
-        f"| {sum(s['lost'] for s in ss)} / {sum(s['duplicates'] for s in ss)} / {sum(s['out_of_order'] for s in ss)} "
-        f"| {sum(bool(s['bench_cpu_saturated']) for s in ss)} of {len(ss)} "
-        f"| {fmt(med([s['loopback'] for s in ss]), 1)} |"
-    )
-print()
-for a, b in [("herald-mqtt", "herald-native"), ("herald-mqtt", "mosquitto")]:
-    if a in medians and b in medians:
-        ratio = lambda k: (
-            f"{medians[a][k] / medians[b][k]:.2f}×"
-            if medians[a][k] and medians[b][k] else "-"
-        )
-        print(f"- {a} / {b}: p99.9 {ratio('p999')}, server CPU per delivery {ratio('cpu')}")
-EOF
+python3 "$here/pairs.py" --out "$out" --rounds "$rounds" --title "Solace 3.1.2 scenario" \
+    herald-mqtt herald-native mosquitto
