@@ -453,6 +453,7 @@ fn message_of(
     };
     let content_type = p.content_type.as_deref().map(Box::from);
     Message::new(head.clone(), seq, p.kind, payload, content_type, stamp_us)
+        .with_extras(p.extras.clone())
 }
 
 /// `origin`'s usage, made when first needed.

@@ -6,7 +6,8 @@
 //! - [`request`], [`reply`]: what clients ask and what herald answers, whatever the protocol.
 //! - [`message`]: a numbered message, shared by refcount, with each protocol's encoding of it
 //!   cached beside it; [`codec`]: what a protocol implements to turn messages, replies and
-//!   notices into the bytes a connection writes.
+//!   notices into the bytes a connection writes; [`extras`]: what a message may carry
+//!   besides (an expiry, metadata a protocol carries through).
 //! - [`wire`]: the native protocol codec (JSON over WebSocket).
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out; its
 //!   recovery (what a subscription is sent before its live messages: `since`, its cursor,
@@ -20,6 +21,7 @@
 
 pub mod codec;
 pub mod engine;
+pub mod extras;
 pub mod grant;
 pub mod index;
 pub mod message;

@@ -84,6 +84,8 @@ pub struct Publish {
     pub kind: PayloadKind,
     pub content_type: Option<String>,
     pub stamp: bool,
+    /// What the message carries besides (see [`crate::extras`]); most carry nothing.
+    pub extras: Option<std::sync::Arc<crate::extras::Extras>>,
 }
 
 /// A request that could not be decoded or carried out: a stable code and a message for people.

@@ -72,6 +72,7 @@ fn text(topic: &str, data: &str) -> Publish {
         kind: PayloadKind::Text,
         content_type: None,
         stamp: false,
+        extras: None,
     }
 }
 
@@ -481,6 +482,7 @@ fn binary_payloads_are_delivered_unchanged_and_oversize_is_refused() {
         kind: PayloadKind::Binary,
         content_type: Some("image/fits".into()),
         stamp: false,
+        extras: None,
     };
     e.publish(&p, 0).unwrap();
     let msg = inbox.take().pop().unwrap();

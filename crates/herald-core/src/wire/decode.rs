@@ -74,6 +74,7 @@ fn decode_text_sharing(
             kind: PayloadKind::Text,
             content_type: p.ct.map(str::to_owned),
             stamp: p.stamp,
+            extras: None,
         }));
     }
     decode_general(text, share)
@@ -266,6 +267,7 @@ fn into_request(
                 content_type: raw.ct.map(Cow::into_owned),
                 stamp: raw.stamp,
                 id,
+                extras: None,
             }))
         }
         "ping" => Ok(Request::Ping { id }),

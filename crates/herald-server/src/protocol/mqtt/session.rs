@@ -287,6 +287,7 @@ impl Mqtt {
             kind,
             content_type: p.message.content_type,
             stamp: false,
+            extras: None,
         }));
         Ok(())
     }
@@ -587,6 +588,7 @@ impl Protocol for Mqtt {
             kind,
             content_type: will.message.content_type.clone(),
             stamp: false,
+            extras: None,
         };
         let request = Request::Publish(publish);
         if !cx.admits(&request) {

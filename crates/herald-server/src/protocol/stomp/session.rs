@@ -242,6 +242,7 @@ impl StompSession {
             kind,
             content_type: frame.header("content-type").map(str::to_owned),
             stamp: false,
+            extras: None,
         }));
         Ok(())
     }
