@@ -286,6 +286,52 @@ fn snapshot_delivers_last_values_after_the_reply() {
 }
 
 #[test]
+fn expired_messages_are_neither_replayed_nor_a_snapshot() {
+    let config = EngineConfig {
+        history: vec![HistoryRule {
+            pattern: ">".into(),
+            ..HistoryRule::default()
+        }],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let expiring = |data: &str, expires_us| Publish {
+        extras: Some(std::sync::Arc::new(crate::extras::Extras {
+            expires_us: Some(expires_us),
+            ..Default::default()
+        })),
+        ..text("t", data)
+    };
+    e.publish(&text("t", "1"), 1_000).unwrap();
+    e.publish(&expiring("2", 5_000), 1_000).unwrap();
+    e.publish(&expiring("3", 9_000), 1_000).unwrap();
+    let (a, inbox) = client(&mut e);
+    let replay = r#"{"op":"sub","topic":"t","cursor":"x"}"#;
+    req(&mut e, a, replay, 4_999).unwrap();
+    assert_eq!(data(&inbox.take()), ["1", "2", "3"]);
+    req(&mut e, a, replay, 5_000).unwrap();
+    let got = inbox.take();
+    assert_eq!(data(&got), ["1", "3"]);
+    assert_eq!(got[0]["recovered"], true, "an expired message is no gap");
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"t","snapshot":true}"#,
+        8_999,
+    )
+    .unwrap();
+    assert_eq!(data(&inbox.take()), ["3"]);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"t","snapshot":true}"#,
+        9_000,
+    )
+    .unwrap();
+    assert_eq!(data(&inbox.take()), Vec::<&str>::new());
+}
+
+#[test]
 fn recovery_replays_exactly_what_was_missed() {
     let mut e = engine();
     for i in 1..=10 {
