@@ -13,6 +13,7 @@
 //!   recovery (what a subscription is sent before its live messages: `since`, its cursor,
 //!   `snapshot`) and its sweep (aged history, idle topics forgotten) are modules of their own.
 //! - [`outbox`]: a connection's bounded outbound queue, where slow-consumer policies act.
+//! - [`group`]: group subscriptions, whose members share their messages, and whose turn it is.
 //! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 //! - [`policy`]: the slow-consumer policies and their configured defaults.
 //! - [`grant`]: permissions as topic patterns, what a token allows.
@@ -23,6 +24,7 @@ pub mod codec;
 pub mod engine;
 pub mod extras;
 pub mod grant;
+pub mod group;
 pub mod index;
 pub mod message;
 pub mod mix;

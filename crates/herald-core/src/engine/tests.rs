@@ -114,6 +114,43 @@ fn overlapping_patterns_deliver_once_per_connection_in_order() {
 }
 
 #[test]
+fn a_no_local_subscription_does_not_bring_back_the_connections_own_messages() {
+    let mut e = engine();
+    let (a, inbox_a) = client(&mut e);
+    let (b, inbox_b) = client(&mut e);
+    let no_local = |topic: &str| {
+        Request::Subscribe(Subscribe {
+            topic: topic.into(),
+            no_local: true,
+            ..Subscribe::default()
+        })
+    };
+    e.handle(a, no_local("t/>"), 0).unwrap();
+    e.handle(b, no_local("t/>"), 0).unwrap();
+    inbox_a.take();
+    inbox_b.take();
+    assert_eq!(
+        e.publish_from(a, &text("t/x", "1"), 0).unwrap().deliveries,
+        1
+    );
+    assert_eq!(data(&inbox_a.take()), Vec::<&str>::new());
+    assert_eq!(data(&inbox_b.take()), ["1"]);
+    // Another matching subscription without the option keeps its own messages coming, once.
+    req(&mut e, a, r#"{"op":"sub","topic":"t/x"}"#, 0).unwrap();
+    inbox_a.take();
+    e.publish_from(a, &text("t/x", "2"), 0).unwrap();
+    e.publish_from(a, &text("t/y", "3"), 0).unwrap();
+    assert_eq!(data(&inbox_a.take()), ["2"]);
+    // Others' messages come as usual; and without the option again, so do its own.
+    e.publish_from(b, &text("t/y", "4"), 0).unwrap();
+    assert_eq!(data(&inbox_a.take()), ["4"]);
+    req(&mut e, a, r#"{"op":"sub","topic":"t/>"}"#, 0).unwrap();
+    inbox_a.take();
+    e.publish_from(a, &text("t/y", "5"), 0).unwrap();
+    assert_eq!(data(&inbox_a.take()), ["5"]);
+}
+
+#[test]
 fn every_subscriber_gets_the_same_bytes() {
     let mut e = engine();
     let (a, inbox_a) = client(&mut e);

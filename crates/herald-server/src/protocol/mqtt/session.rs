@@ -441,6 +441,7 @@ impl Mqtt {
                         .id(),
                     ),
                     topic: pattern,
+                    group: None,
                 });
             }
         }
@@ -469,6 +470,7 @@ impl Mqtt {
                     cx.request(Request::Credit {
                         id: None,
                         topic: pattern.to_string(),
+                        group: None,
                         n: 1,
                         bytes: 0,
                     });
