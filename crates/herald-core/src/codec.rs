@@ -10,6 +10,7 @@ use crate::group::Group;
 use crate::message::Message;
 use crate::reply::{DropReason, Reply};
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// Bytes a connection writes, in two parts shared by refcount: every connection sent the same
 /// message is handed the same bytes.
@@ -50,7 +51,7 @@ pub trait Encode {
     /// A message delivered to the connection as a member of `group` ([`crate::group`]): a
     /// protocol that tells its subscriptions apart sends it for that one alone. Others send it
     /// as any message.
-    fn grouped(&self, message: &Message, _group: &Group, out: &mut Vec<Frame>) {
+    fn grouped(&self, message: &Message, _group: &Arc<Group>, out: &mut Vec<Frame>) {
         self.message(message, out)
     }
 

@@ -530,7 +530,7 @@ mod tests {
             fn message(&self, _: &Message, out: &mut Vec<Frame>) {
                 out.push(frame_of("m"));
             }
-            fn grouped(&self, _: &Message, group: &Group, out: &mut Vec<Frame>) {
+            fn grouped(&self, _: &Message, group: &Arc<Group>, out: &mut Vec<Frame>) {
                 out.push(frame_of(&format!("g:{}", group.name)));
             }
             fn reply(&self, _: &crate::reply::Reply) -> Frame {
