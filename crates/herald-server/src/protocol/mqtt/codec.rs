@@ -16,17 +16,21 @@
 //! packet to answer and its packet identifier.
 
 use super::encode::{self, AckKind, Delivery, Prepared, ProblemInfo};
+use super::extras;
 use super::packet::MessageProperties;
 use super::retained::{Retained, RetainedStore};
 use super::topic::{mqtt_matches, to_mqtt_topic};
 use super::wire::read_varint;
 use super::{QoS, ReasonCode, Version};
+use crate::clock::now_us;
 use crate::connection::Framing;
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::codec::{Encode, Frame};
+use herald_core::extras::Extras;
+use herald_core::group::Group;
 use herald_core::message::Message;
 use herald_core::reply::{DropReason, Reply};
-use herald_core::request::{PayloadKind, RequestId};
+use herald_core::request::{PayloadKind, Request, RequestId};
 use herald_core::topic::matches;
 use herald_core::wire::{ws_header, OpCode};
 use parking_lot::Mutex;
@@ -108,8 +112,14 @@ impl Tag {
 /// One MQTT subscription of the connection.
 #[derive(Debug, Clone)]
 pub struct Sub {
-    /// The MQTT filter, as subscribed.
+    /// The subscription as SUBSCRIBE and UNSUBSCRIBE name it: its filter, behind
+    /// `$share/{group}/` when shared.
+    pub name: String,
+    /// The MQTT filter it matches names with.
     pub filter: String,
+    /// A shared subscription: its patterns are herald group subscriptions of the group named
+    /// after it (`name`, so that each shared subscription is a group of its own).
+    pub shared: bool,
     /// Its herald patterns.
     pub patterns: Vec<String>,
     /// The QoS granted (0 or 1).
@@ -117,6 +127,46 @@ pub struct Sub {
     /// Whether its herald subscriptions are `lossless` (a granted QoS 1), so that a message
     /// sent for it spends credit that its PUBACK returns.
     pub lossless: bool,
+    /// 5.0: messages keep the retain flag they were published with.
+    pub retain_as_published: bool,
+    /// 5.0: the subscription identifier its PUBLISH packets carry.
+    pub id: Option<u32>,
+}
+
+/// Where the credit a QoS 1 message spent goes back when it is acknowledged (or was not sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreditTo {
+    /// The connection's own subscription to this herald pattern.
+    Pattern(Arc<str>),
+    /// Its membership of this group.
+    Group(Arc<Group>),
+}
+
+impl CreditTo {
+    /// The herald request that returns one message of credit.
+    pub fn request(&self) -> Request {
+        let (topic, group) = match self {
+            CreditTo::Pattern(pattern) => (pattern.to_string(), None),
+            CreditTo::Group(g) => (g.pattern.to_string(), Some(g.name.to_string())),
+        };
+        Request::Credit {
+            id: None,
+            topic,
+            group,
+            n: 1,
+            bytes: 0,
+        }
+    }
+}
+
+/// How a message goes to the connection: what the subscriptions it is sent for make of it.
+#[derive(Debug, Default)]
+struct Route {
+    qos: QoS,
+    /// 5.0: keep the message's retain flag.
+    retain_as_published: bool,
+    /// 5.0: the subscription identifiers of those subscriptions.
+    ids: Vec<u32>,
 }
 
 /// A SUBACK or UNSUBACK waiting for the replies to its herald requests.
@@ -139,9 +189,13 @@ pub struct Outbound {
     pub problem_info: bool,
     pub subs: Vec<Sub>,
     next_packet_id: u16,
-    /// QoS 1 PUBLISH packets sent and not yet acknowledged: the herald pattern whose credit
-    /// the acknowledgement returns (none for a retained message sent on subscribe).
-    in_flight: HashMap<u16, Option<Arc<str>>>,
+    /// QoS 1 PUBLISH packets sent and not yet acknowledged: where the credit the
+    /// acknowledgement returns goes (nowhere for a retained message sent on subscribe).
+    in_flight: HashMap<u16, Option<CreditTo>>,
+    /// Credit spent on messages the connection was not sent after all (expired, too large
+    /// for it, a `$` topic its filter does not match in MQTT's terms): returned with the next
+    /// packet the client sends ([`Outbound::take_owed`]).
+    owed: Vec<CreditTo>,
     subacks: HashMap<u16, PendingAck>,
     unsubacks: HashMap<u16, PendingAck>,
     /// Retained messages published and not yet accepted by herald, by key.
@@ -161,6 +215,7 @@ impl Default for Outbound {
             subs: Vec::new(),
             next_packet_id: 0,
             in_flight: HashMap::new(),
+            owed: Vec::new(),
             subacks: HashMap::new(),
             unsubacks: HashMap::new(),
             retaining: HashMap::new(),
@@ -173,7 +228,7 @@ impl Default for Outbound {
 impl Outbound {
     /// A packet identifier not in use by an unacknowledged QoS 1 PUBLISH, recorded as in use.
     /// `None` when all 65,535 are (the client acknowledges nothing).
-    fn packet_id(&mut self, credit: Option<Arc<str>>) -> Option<u16> {
+    fn packet_id(&mut self, credit: Option<CreditTo>) -> Option<u16> {
         for _ in 0..u16::MAX {
             self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
             let id = self.next_packet_id;
@@ -182,13 +237,24 @@ impl Outbound {
                 return Some(id);
             }
         }
+        self.owe(credit);
         None
     }
 
-    /// The client acknowledged QoS 1 PUBLISH `packet_id`: the herald pattern to return a
-    /// message of credit to, if any.
-    pub fn acknowledged(&mut self, packet_id: u16) -> Option<Arc<str>> {
+    /// The client acknowledged QoS 1 PUBLISH `packet_id`: where to return a message of
+    /// credit, if anywhere.
+    pub fn acknowledged(&mut self, packet_id: u16) -> Option<CreditTo> {
         self.in_flight.remove(&packet_id).flatten()
+    }
+
+    /// Notes credit spent on a message not sent after all.
+    fn owe(&mut self, credit: Option<CreditTo>) {
+        self.owed.extend(credit);
+    }
+
+    /// The credit [`Outbound::owe`] noted, to return now.
+    pub fn take_owed(&mut self) -> Vec<CreditTo> {
+        std::mem::take(&mut self.owed)
     }
 
     /// Keeps a retained message until herald accepts its publish; the key for its [`Tag`].
@@ -225,30 +291,51 @@ impl Outbound {
         self.unsubacks.insert(packet_id, pending);
     }
 
-    /// The granted QoS of the subscriptions MQTT topic `name` matches, and the herald pattern
-    /// whose credit a message of herald topic `topic` spends (the first `lossless` one that
-    /// matches, as the engine chooses). `None`: no subscription matches in MQTT's terms (a
-    /// leading wildcard and a `$` topic).
-    fn route(&self, name: &str, topic: &str) -> Option<(QoS, Option<Arc<str>>)> {
-        let mut found: Option<(QoS, Option<Arc<str>>)> = None;
-        for sub in &self.subs {
-            if !mqtt_matches(&sub.filter, name) {
-                continue;
-            }
-            let credit = match (&found, sub.lossless) {
-                (Some((_, Some(_))), _) | (_, false) => None,
-                (_, true) => sub
+    /// How a message of herald topic `topic`, MQTT name `name`, goes to the connection for its
+    /// own (not shared) subscriptions: at the highest QoS granted among those `name` matches,
+    /// with all their identifiers (`None`: none matches in MQTT's terms, as for a `$` topic
+    /// under a leading wildcard); and the credit the engine spent on it: the first `lossless`
+    /// subscription whose herald pattern matches, as the engine chooses.
+    fn route(&self, name: &str, topic: &str) -> (Option<Route>, Option<CreditTo>) {
+        let mut route: Option<Route> = None;
+        let mut credit = None;
+        for sub in self.subs.iter().filter(|s| !s.shared) {
+            if credit.is_none() && sub.lossless {
+                credit = sub
                     .patterns
                     .iter()
                     .find(|p| matches(p, topic))
-                    .map(|p| Arc::from(p.as_str())),
-            };
-            found = Some(match found {
-                None => (sub.qos, credit),
-                Some((qos, held)) => (qos.max(sub.qos), held.or(credit)),
-            });
+                    .map(|p| CreditTo::Pattern(Arc::from(p.as_str())));
+            }
+            if !mqtt_matches(&sub.filter, name) {
+                continue;
+            }
+            let r = route.get_or_insert_with(Route::default);
+            r.qos = r.qos.max(sub.qos);
+            r.retain_as_published |= sub.retain_as_published;
+            r.ids.extend(sub.id);
         }
-        found
+        (route, credit)
+    }
+
+    /// How a message delivered for `group` goes to the connection: for the shared
+    /// subscription the group is named after, if the connection still holds it and its filter
+    /// matches `name` in MQTT's terms; and the credit it spent.
+    fn route_grouped(&self, group: &Arc<Group>, name: &str) -> (Option<Route>, Option<CreditTo>) {
+        let Some(sub) = self
+            .subs
+            .iter()
+            .find(|s| s.shared && *s.name == *group.name)
+        else {
+            return (None, None);
+        };
+        let credit = sub.lossless.then(|| CreditTo::Group(group.clone()));
+        let route = mqtt_matches(&sub.filter, name).then(|| Route {
+            qos: sub.qos,
+            retain_as_published: sub.retain_as_published,
+            ids: sub.id.into_iter().collect(),
+        });
+        (route, credit)
     }
 
     fn problem(&self, reason: &'static str) -> ProblemInfo<'static> {
@@ -299,22 +386,20 @@ impl Encoder {
         }
     }
 
-    /// A PUBLISH of `name` for this connection, `packet_id` set when `qos` is 1.
+    /// A PUBLISH of `name` for this connection as `delivery` says (its expiry interval set
+    /// from the message's at `now_us`).
     fn publish(
         &self,
         s: &Outbound,
         name: &str,
         m: &Publishable,
-        qos: QoS,
-        packet_id: u16,
-        retain: bool,
+        delivery: Delivery,
+        now_us: u64,
     ) -> Frame {
         let prepared = Prepared::new(s.version, name, &m.properties(), m.payload.clone());
         let delivery = Delivery {
-            qos,
-            packet_id,
-            retain,
-            ..Delivery::default()
+            message_expiry_interval: extras::seconds_left(m.extras, now_us),
+            ..delivery
         };
         match prepared.head(&delivery) {
             Ok(head) => self.fits(s, head, prepared.body()),
@@ -348,7 +433,8 @@ impl Encoder {
     /// Appends the retained messages `sub` matches, retain flag set, at the lower of their
     /// QoS and its own.
     fn retained_for(&self, s: &mut Outbound, sub: &Sub, out: &mut BytesMut) {
-        for (name, message) in self.retained.matching(&sub.filter) {
+        let now = now_us();
+        for (name, message) in self.retained.matching(&sub.filter, now) {
             let qos = message.qos.min(sub.qos);
             let packet_id = match qos {
                 QoS::AtMostOnce => 0,
@@ -358,7 +444,15 @@ impl Encoder {
                 },
             };
             let m = Publishable::from(&message);
-            let frame = self.publish(s, &name, &m, qos, packet_id, true);
+            let ids: Vec<u32> = sub.id.into_iter().collect();
+            let delivery = Delivery {
+                qos,
+                packet_id,
+                retain: true,
+                subscription_identifiers: &ids,
+                ..Delivery::default()
+            };
+            let frame = self.publish(s, &name, &m, delivery, now);
             if frame.is_empty() && qos != QoS::AtMostOnce {
                 s.in_flight.remove(&packet_id);
             }
@@ -427,8 +521,8 @@ impl Encoder {
                     *slot = code;
                     // Refused: not a subscription of the connection.
                     if let Some(Some((sub, _))) = pending.subs.get(at) {
-                        let filter = sub.filter.clone();
-                        s.subs.retain(|x| x.filter != filter);
+                        let name = sub.name.clone();
+                        s.subs.retain(|x| x.name != name);
                     }
                 }
                 pending.outstanding = pending.outstanding.saturating_sub(1);
@@ -471,6 +565,7 @@ struct Publishable<'a> {
     payload: &'a Bytes,
     kind: PayloadKind,
     content_type: Option<&'a str>,
+    extras: Option<&'a Extras>,
 }
 
 impl<'a> From<&'a Message> for Publishable<'a> {
@@ -479,6 +574,7 @@ impl<'a> From<&'a Message> for Publishable<'a> {
             payload: m.payload(),
             kind: m.kind(),
             content_type: m.content_type(),
+            extras: m.extras().map(|e| &**e),
         }
     }
 }
@@ -489,18 +585,15 @@ impl<'a> From<&'a Retained> for Publishable<'a> {
             payload: &m.payload,
             kind: m.kind,
             content_type: m.content_type.as_deref(),
+            extras: m.extras.as_deref(),
         }
     }
 }
 
 impl Publishable<'_> {
-    /// herald's text is MQTT's payload format indicator 1; its content type is MQTT's.
+    /// The properties every subscriber's PUBLISH of it carries ([`extras::properties`]).
     fn properties(&self) -> MessageProperties {
-        MessageProperties {
-            payload_utf8: self.kind == PayloadKind::Text,
-            content_type: self.content_type.map(str::to_owned),
-            ..MessageProperties::default()
-        }
+        extras::properties(self.kind, self.content_type, self.extras)
     }
 }
 
@@ -577,18 +670,56 @@ fn shared_head(
 }
 
 impl Encoder {
-    /// The PUBLISH this connection is sent for `message`, or an empty frame when it is not
-    /// sent one (a name MQTT cannot carry, a `$` topic under a leading wildcard, no credit,
-    /// larger than the client's maximum packet size).
-    fn publish_of(&self, message: &Message) -> Frame {
-        let Some(name) = to_mqtt_topic(message.topic()) else {
-            return Frame::default();
-        };
+    /// The PUBLISH this connection is sent for `message` for its own subscriptions (`group`:
+    /// for its shared subscription named after the group), or an empty frame when it is not
+    /// sent one: a name MQTT cannot carry, a `$` topic under a leading wildcard, expired, no
+    /// packet identifier free, larger than the client's maximum packet size. Credit the
+    /// message spent and that no acknowledgement will return is owed to herald.
+    fn publish_of(&self, message: &Message, group: Option<&Arc<Group>>) -> Frame {
         let mut s = self.state.lock();
-        let Some((qos, credit)) = s.route(&name, message.topic()) else {
+        let Some(name) = to_mqtt_topic(message.topic()) else {
+            let (_, credit) = match group {
+                Some(g) => s.route_grouped(g, ""),
+                None => s.route("", message.topic()),
+            };
+            s.owe(credit);
             return Frame::default();
         };
-        if qos == QoS::AtMostOnce {
+        let (route, credit) = match group {
+            Some(g) => s.route_grouped(g, &name),
+            None => s.route(&name, message.topic()),
+        };
+        let Some(route) = route else {
+            s.owe(credit);
+            return Frame::default();
+        };
+        let extras = message.extras();
+        let now = match extras.and_then(|e| e.expires_us) {
+            Some(at) => {
+                let now = now_us();
+                if now >= at {
+                    s.owe(credit);
+                    return Frame::default();
+                }
+                now
+            }
+            None => 0,
+        };
+        let retain = route.retain_as_published && extras.is_some_and(|e| e.retain);
+        let packet_id = match route.qos {
+            QoS::AtMostOnce => {
+                // Sent at QoS 0 (its credit spent for a QoS 1 subscription that matches in
+                // herald's terms only): no PUBACK will return the credit.
+                s.owe(credit);
+                0
+            }
+            // The credit goes with the packet identifier, back with its PUBACK.
+            _ => match s.packet_id(credit) {
+                Some(id) => id,
+                None => return Frame::default(),
+            },
+        };
+        if route.qos == QoS::AtMostOnce && route.ids.is_empty() && now == 0 && !retain {
             let all = message.encoded(SLOT, shared_heads);
             if all.is_empty() {
                 return Frame::default();
@@ -603,19 +734,17 @@ impl Encoder {
                 body: all.body,
             };
         }
-        let Some(packet_id) = s.packet_id(credit) else {
-            return Frame::default();
-        };
-        let frame = self.publish(
-            &s,
-            &name,
-            &Publishable::from(message),
-            qos,
+        let delivery = Delivery {
+            qos: route.qos,
             packet_id,
-            false,
-        );
-        if frame.is_empty() {
-            s.in_flight.remove(&packet_id);
+            retain,
+            subscription_identifiers: &route.ids,
+            ..Delivery::default()
+        };
+        let frame = self.publish(&s, &name, &Publishable::from(message), delivery, now);
+        if frame.is_empty() && route.qos != QoS::AtMostOnce {
+            let credit = s.in_flight.remove(&packet_id).flatten();
+            s.owe(credit);
         }
         frame
     }
@@ -623,7 +752,14 @@ impl Encoder {
 
 impl Encode for Encoder {
     fn message(&self, message: &Message, out: &mut Vec<Frame>) {
-        let frame = self.publish_of(message);
+        let frame = self.publish_of(message, None);
+        if !frame.is_empty() {
+            out.push(frame);
+        }
+    }
+
+    fn grouped(&self, message: &Message, group: &Arc<Group>, out: &mut Vec<Frame>) {
+        let frame = self.publish_of(message, Some(group));
         if !frame.is_empty() {
             out.push(frame);
         }

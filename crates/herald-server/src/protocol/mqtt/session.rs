@@ -8,12 +8,18 @@
 //! [`Encoder`], which the session shares its [`Outbound`] state with: a PUBACK goes out once
 //! herald accepted the message, a SUBACK once every herald subscribe of it is answered.
 //!
+//! A shared subscription (`$share/{group}/{filter}`) is a herald group subscription per
+//! pattern, the group named after the whole subscription, so that the connections holding the
+//! same one share its messages ([`herald_core::group`]). A PUBLISH's 5.0 properties and retain
+//! flag travel with the message as its extras ([`super::extras`]).
+//!
 //! What the session does not do, and why, is in `docs/mqtt.md`: no persistent sessions (a
-//! session ends with its connection), no shared subscriptions, no subscription identifiers,
-//! and the will is published when the connection ends even if it has a delay.
+//! session ends with its connection), and the will is published when the connection ends even
+//! if it has a delay.
 
 use super::codec::{framed, Encoder, Outbound, Sub, Tag};
 use super::encode::{self, AckKind, ConnackProperties, ProblemInfo};
+use super::extras::extras_of;
 use super::packet::{self, Connect, Decoder, Limits, Packet, Reply as Refusal, RetainHandling};
 use super::retained::{Retained, RetainedStore};
 use super::topic::{parse_subscription, to_herald_patterns, to_herald_topic};
@@ -181,8 +187,8 @@ impl Mqtt {
         let mut props = ConnackProperties {
             maximum_packet_size: Some(self.maximum_packet_size),
             topic_alias_maximum: Some(TOPIC_ALIAS_MAXIMUM),
-            subscription_identifiers_available: Some(false),
-            shared_subscription_available: Some(false),
+            subscription_identifiers_available: Some(true),
+            shared_subscription_available: Some(true),
             ..ConnackProperties::default()
         };
         if c.session_expiry_interval != 0 {
@@ -263,12 +269,14 @@ impl Mqtt {
         } else {
             PayloadKind::Binary
         };
+        let extras = extras_of(&p.message, p.retain, cx.now_us);
         let retain = p.retain.then(|| {
             let message = Retained {
                 payload: p.payload.clone(),
                 kind,
                 content_type: p.message.content_type.clone(),
                 qos: p.qos.min(QoS::AtLeastOnce),
+                extras: extras.clone(),
             };
             self.state.lock().retain(topic.clone(), message)
         });
@@ -287,6 +295,7 @@ impl Mqtt {
             kind,
             content_type: p.message.content_type,
             stamp: false,
+            extras,
         }));
         Ok(())
     }
@@ -296,13 +305,6 @@ impl Mqtt {
         cx: &mut Context<'_>,
         sub: packet::Subscribe,
     ) -> Result<(), Disconnect> {
-        if sub.subscription_identifier.is_some() {
-            return Err(self.disconnect(
-                cx,
-                ReasonCode::SubscriptionIdentifiersNotSupported,
-                "herald does not support subscription identifiers",
-            ));
-        }
         let connected = self.connect.as_mut().expect("CONNECT came first");
         let window = u64::from(connected.receive_maximum);
         let mut codes = Vec::with_capacity(sub.filters.len());
@@ -310,24 +312,18 @@ impl Mqtt {
         let mut send_retained = Vec::with_capacity(sub.filters.len());
         let mut requests = Vec::new();
         for (i, f) in sub.filters.iter().enumerate() {
-            let parsed = match parse_subscription(&f.filter) {
-                Ok(parsed) if parsed.share_group.is_some() => {
-                    codes.push(ReasonCode::SharedSubscriptionsNotSupported);
-                    send_retained.push(None);
-                    continue;
-                }
-                Ok(parsed) => parsed,
-                Err(_) => {
-                    codes.push(ReasonCode::TopicFilterInvalid);
-                    send_retained.push(None);
-                    continue;
-                }
+            let Ok(parsed) = parse_subscription(&f.filter) else {
+                codes.push(ReasonCode::TopicFilterInvalid);
+                send_retained.push(None);
+                continue;
             };
             let Ok(filter) = to_herald_patterns(parsed.filter) else {
                 codes.push(ReasonCode::TopicFilterInvalid);
                 send_retained.push(None);
                 continue;
             };
+            // A shared subscription is a herald group named after it (docs/mqtt.md).
+            let group = parsed.share_group.map(|_| f.filter.clone());
             // QoS 2 is granted as 1; 1 is herald's `lossless` where it may be, else 0.
             let wants_qos1 = f.qos != QoS::AtMostOnce;
             let lossless = wants_qos1 && {
@@ -354,7 +350,7 @@ impl Mqtt {
                 QoS::AtMostOnce
             };
             let mut s = self.state.lock();
-            let existed = match s.subs.iter().position(|x| x.filter == parsed.filter) {
+            let existed = match s.subs.iter().position(|x| x.name == f.filter) {
                 Some(at) => {
                     s.subs.remove(at);
                     true
@@ -362,10 +358,14 @@ impl Mqtt {
                 None => false,
             };
             let entry = Sub {
+                name: f.filter.clone(),
                 filter: parsed.filter.to_owned(),
+                shared: group.is_some(),
                 patterns: filter.patterns.clone(),
                 qos,
                 lossless,
+                retain_as_published: f.retain_as_published,
+                id: sub.subscription_identifier,
             };
             s.subs.push(entry.clone());
             drop(s);
@@ -373,14 +373,16 @@ impl Mqtt {
                 QoS::AtMostOnce => ReasonCode::Success,
                 _ => ReasonCode::GrantedQoS1,
             });
-            let wants_retained = match f.retain_handling {
-                RetainHandling::OnSubscribe => true,
-                RetainHandling::OnNewSubscription => !existed,
-                RetainHandling::Never => false,
-            };
+            // §4.8.2: a shared subscription is not sent retained messages.
+            let wants_retained = group.is_none()
+                && match f.retain_handling {
+                    RetainHandling::OnSubscribe => true,
+                    RetainHandling::OnNewSubscription => !existed,
+                    RetainHandling::Never => false,
+                };
             send_retained.push(Some((entry, wants_retained)));
             for pattern in filter.patterns {
-                if !existed {
+                if !existed && group.is_none() {
                     *connected.pattern_users.entry(pattern.clone()).or_default() += 1;
                 }
                 requests.push(Request::Subscribe(Subscribe {
@@ -394,6 +396,8 @@ impl Mqtt {
                     topic: pattern,
                     policy: lossless.then_some(Policy::Lossless),
                     window: lossless.then_some(window),
+                    group: group.clone(),
+                    no_local: f.no_local,
                     ..Subscribe::default()
                 }));
             }
@@ -419,12 +423,23 @@ impl Mqtt {
         let mut requests = Vec::new();
         let mut s = self.state.lock();
         for filter in &u.filters {
-            let Some(at) = s.subs.iter().position(|x| x.filter == *filter) else {
+            let Some(at) = s.subs.iter().position(|x| x.name == *filter) else {
                 codes.push(ReasonCode::NoSubscriptionExisted);
                 continue;
             };
             let sub = s.subs.remove(at);
             codes.push(ReasonCode::Success);
+            let tag = Tag::Unsubscribe {
+                packet_id: u.packet_id,
+            };
+            if sub.shared {
+                requests.extend(sub.patterns.into_iter().map(|topic| Request::Unsubscribe {
+                    id: Some(tag.id()),
+                    topic,
+                    group: Some(sub.name.clone()),
+                }));
+                continue;
+            }
             for pattern in sub.patterns {
                 let users = connected.pattern_users.entry(pattern.clone()).or_default();
                 *users = users.saturating_sub(1);
@@ -433,13 +448,9 @@ impl Mqtt {
                 }
                 connected.pattern_users.remove(&pattern);
                 requests.push(Request::Unsubscribe {
-                    id: Some(
-                        Tag::Unsubscribe {
-                            packet_id: u.packet_id,
-                        }
-                        .id(),
-                    ),
+                    id: Some(tag.id()),
                     topic: pattern,
+                    group: None,
                 });
             }
         }
@@ -463,14 +474,12 @@ impl Mqtt {
             Packet::Connect(c) => self.on_connect(cx, *c),
             Packet::Publish(p) => self.on_publish(cx, p),
             Packet::PubAck(ack) => {
-                let credit = self.state.lock().acknowledged(ack.packet_id);
-                if let Some(pattern) = credit {
-                    cx.request(Request::Credit {
-                        id: None,
-                        topic: pattern.to_string(),
-                        n: 1,
-                        bytes: 0,
-                    });
+                let (credit, owed) = {
+                    let mut s = self.state.lock();
+                    (s.acknowledged(ack.packet_id), s.take_owed())
+                };
+                for credit in credit.into_iter().chain(owed) {
+                    cx.request(credit.request());
                 }
                 Ok(())
             }
@@ -504,6 +513,8 @@ impl Mqtt {
             }
             Packet::PingReq => {
                 self.send(cx, encode::pingresp());
+                let owed = self.state.lock().take_owed();
+                owed.iter().for_each(|credit| cx.request(credit.request()));
                 Ok(())
             }
             Packet::Disconnect(d) => {
@@ -580,6 +591,7 @@ impl Protocol for Mqtt {
         } else {
             PayloadKind::Binary
         };
+        let extras = extras_of(&will.message, will.retain, cx.now_us);
         let publish = Publish {
             id: None,
             topic: topic.as_ref().into(),
@@ -587,6 +599,7 @@ impl Protocol for Mqtt {
             kind,
             content_type: will.message.content_type.clone(),
             stamp: false,
+            extras: extras.clone(),
         };
         let request = Request::Publish(publish);
         if !cx.admits(&request) {
@@ -598,6 +611,7 @@ impl Protocol for Mqtt {
                 kind,
                 content_type: will.message.content_type,
                 qos: will.qos.min(QoS::AtLeastOnce),
+                extras,
             };
             // A full store keeps the will from being retained; it is still published.
             let _ = self.retained.publish(&topic, message);
@@ -878,12 +892,53 @@ mod tests {
         bad.send(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]).await;
         bad.closed().await;
         let mut v5 = connected(&node, 5).await;
-        v5.send(&subscribe(5, 4, "$share/g/t", 1)).await;
-        assert_eq!(v5.packet().await, (0x90, vec![0, 4, 0, 0x9E]));
+        v5.send(&subscribe(5, 4, "$share/g", 1)).await;
+        assert_eq!(v5.packet().await, (0x90, vec![0, 4, 0, 0x8F]));
         v5.send(&subscribe(5, 5, "a/#/b", 1)).await;
         assert_eq!(v5.packet().await, (0x90, vec![0, 5, 0, 0x8F]));
         v5.send(&[0xC0, 0]).await;
         assert_eq!(v5.packet().await, (0xD0, vec![]));
+    }
+
+    #[tokio::test]
+    async fn a_shared_subscription_gives_each_message_to_one_member_and_no_retained() {
+        let node = node().await;
+        let mut publisher = connected(&node, 5).await;
+        publisher
+            .send(&publish(5, 0, true, "s/r", 0, b"kept"))
+            .await;
+        let mut members = Vec::new();
+        for level in [5, 4] {
+            let mut m = connected(&node, level).await;
+            m.send(&subscribe(level, 1, "$share/g/s/+", 0)).await;
+            let granted = if level == 5 {
+                vec![0, 1, 0, 0]
+            } else {
+                vec![0, 1, 0]
+            };
+            assert_eq!(m.packet().await, (0x90, granted));
+            members.push(m);
+        }
+        // Its own subscription to the same filter is another: it gets every message.
+        let mut own = connected(&node, 4).await;
+        own.send(&subscribe(4, 1, "s/+", 0)).await;
+        own.packet().await;
+        assert_eq!(own.packet().await.0, 0x31, "the retained message");
+        for i in 0..4u8 {
+            publisher
+                .send(&publish(5, 0, false, "s/x", 0, &[b'0' + i]))
+                .await;
+        }
+        let payload = |p: (u8, Vec<u8>)| *p.1.last().unwrap();
+        for (k, m) in members.iter_mut().enumerate() {
+            let got = [payload(m.packet().await), payload(m.packet().await)];
+            let k = k as u8;
+            assert_eq!(got, [b'0' + k, b'2' + k], "member {k}");
+            m.quiet().await;
+        }
+        for i in 0..4u8 {
+            assert_eq!(payload(own.packet().await), b'0' + i);
+        }
     }
 
     #[tokio::test]
