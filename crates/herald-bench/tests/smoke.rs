@@ -391,22 +391,51 @@ fn proxy_latency_over_stomp() {
 
 /// bench/mqtt-vs-mosquitto.sh at tiny scale: herald native, herald MQTT and a Mosquitto it
 /// starts and stops (the bench against an external server, its CPU by `--server-pid`), and
-/// the table of medians and ratios. Skipped without Debian's mosquitto or two cores.
+/// the table of medians and ratios. Skipped without Debian's mosquitto.
 #[test]
 fn mqtt_vs_mosquitto_script_runs_all_three() {
+    if !Path::new("/usr/sbin/mosquitto").exists() {
+        eprintln!("skipped: needs /usr/sbin/mosquitto");
+        return;
+    }
+    rounds_script(
+        "mqtt-vs-mosquitto.sh",
+        &["herald-native", "herald-mqtt", "mosquitto"],
+        &[
+            "herald-mqtt / herald-native: p99.9",
+            "herald-mqtt / mosquitto: p99.9",
+        ],
+    );
+}
+
+/// bench/reference-pairs.sh at tiny scale: herald and the C reference it builds, starts and
+/// stops, and the ratios between them.
+#[test]
+fn reference_pairs_script_runs_both() {
+    rounds_script(
+        "reference-pairs.sh",
+        &["herald", "reference"],
+        &["herald / reference: p99.9"],
+    );
+}
+
+/// Runs one of the interleaved-round scripts in bench/ for one round of 20 clients and checks
+/// each run's report, that each server's CPU was measured, and the table's rows and ratios.
+/// Skipped without HERALD_BIN or two cores (a server core and a bench core).
+fn rounds_script(script: &str, names: &[&str], ratios: &[&str]) {
     let Some(bin) = herald_bin() else {
         eprintln!("skipped: set HERALD_BIN to a built herald");
         return;
     };
-    if !Path::new("/usr/sbin/mosquitto").exists()
-        || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2
-    {
-        eprintln!("skipped: needs /usr/sbin/mosquitto and two cores");
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs two cores");
         return;
     }
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/mqtt-vs-mosquitto.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench")
+        .join(script);
     let out = Command::new(&script)
         .args([
             "--clients",
@@ -423,12 +452,12 @@ fn mqtt_vs_mosquitto_script_runs_all_three() {
         .arg("--out")
         .arg(dir.path())
         .output()
-        .expect("run bench/mqtt-vs-mosquitto.sh");
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(!stderr.contains("failed"), "{stderr}");
-    for name in ["herald-native", "herald-mqtt", "mosquitto"] {
+    for name in names {
         let v: Value = serde_json::from_str(
             &std::fs::read_to_string(dir.path().join(format!("r1-{name}.json"))).unwrap(),
         )
@@ -438,10 +467,7 @@ fn mqtt_vs_mosquitto_script_runs_all_three() {
         assert!(s["server_cpu_cores"].as_f64().unwrap() > 0.0, "{name}: {s}");
         assert!(stdout.contains(&format!("| {name} | 1 |")), "{stdout}");
     }
-    for ratio in [
-        "herald-mqtt / herald-native: p99.9",
-        "herald-mqtt / mosquitto: p99.9",
-    ] {
+    for ratio in ratios {
         assert!(stdout.contains(ratio), "{stdout}");
     }
 }
