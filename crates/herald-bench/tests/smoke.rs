@@ -419,6 +419,17 @@ fn reference_pairs_script_runs_both() {
     );
 }
 
+/// bench/workers-pairs.sh at tiny scale: herald with one worker thread and with two, each
+/// started and stopped by the script.
+#[test]
+fn workers_pairs_script_runs_both() {
+    rounds_script(
+        "workers-pairs.sh",
+        &["two-workers", "one-worker"],
+        &["two-workers / one-worker: p99.9"],
+    );
+}
+
 /// Runs one of the interleaved-round scripts in bench/ for one round of 20 clients and checks
 /// each run's report, that each server's CPU was measured, and the table's rows and ratios.
 /// Skipped without HERALD_BIN or two cores (a server core and a bench core).
