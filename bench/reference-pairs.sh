@@ -11,7 +11,7 @@
 #
 # Defaults: 1,000 clients, 20 s measured after 5 s of warm-up, 3 rounds, target/release/herald,
 # reports (JSON and Markdown per run) in a new directory under /tmp (printed). `--set` passes a
-# scenario key to both (e.g. `--set rate=80000` for 800 k/s at 1,000 clients; herald's
+# scenario key to both (e.g. `--set rate=160000` for 800 k/s at 1,000 clients; herald's
 # per-connection limit of 100,000 frames/s is lifted for every run, so the publisher is never
 # cut off).
 # herald is spawned by the bench (`--spawn-bin`, which pins it to core 0 and the bench to
