@@ -78,31 +78,44 @@ async def run_size(url: str, side: int, seconds: float, window: int, herald_pid:
             stdout=asyncio.subprocess.PIPE,
         )
         assert publisher.stdout is not None
-        report = asyncio.ensure_future(publisher.stdout.read())
+        # The subscriber iterates as an application would (`async for`), in a task of its own;
+        # this one waits for the publisher's report (how many it sent) or its failure.
         received, first, last, prev_seq = 0, 0.0, 0.0, -1
+        bad: str | None = None
+
+        async def consume() -> None:
+            nonlocal received, first, last, prev_seq, bad
+            async for m in sub:
+                now = time.monotonic()
+                if m.size != size or (prev_seq >= 0 and m.seq != prev_seq + 1):
+                    bad = f"{side}²: image seq {m.seq} of {m.size} bytes after seq {prev_seq}"
+                    return
+                prev_seq = m.seq
+                received += 1
+                if received == 1:
+                    first = now
+                last = now
+
         cpu = time.process_time()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         herald_cpu = cpu_seconds(herald_pid)
-        # The topic may have been published before (another window): its numbers go on from there.
-        while not (report.done() and received == int((report.result().split() or [b"-1"])[0])):
-            try:
-                m = await asyncio.wait_for(sub.__anext__(), 0.2)
-            except asyncio.TimeoutError:
-                if publisher.returncode not in (None, 0):
-                    raise SystemExit(f"{side}²: the publisher failed ({publisher.returncode})") from None
-                continue
-            now = time.monotonic()
-            if m.size != size or (prev_seq >= 0 and m.seq != prev_seq + 1):
-                raise SystemExit(f"{side}²: image seq {m.seq} of {m.size} bytes after seq {prev_seq}")
-            prev_seq = m.seq
-            received += 1
-            if received == 1:
-                first = now
-            last = now
+        consumer = asyncio.ensure_future(consume())
+        report = (await publisher.stdout.read()).split()
+        if await publisher.wait() != 0 or len(report) != 3:
+            consumer.cancel()
+            raise SystemExit(f"{side}²: the publisher failed ({publisher.returncode})")
+        # The rest arrive, or the run fails: an image lost, or none for 10 s.
+        waited, seen = 0.0, received
+        while received < int(report[0]) and not consumer.done() and waited < 10:
+            await asyncio.sleep(0.005)
+            waited = 0.0 if received > seen else waited + 0.005
+            seen = received
+        consumer.cancel()
+        if bad is not None or received < int(report[0]):
+            raise SystemExit(bad or f"{side}²: {received} of {int(report[0])} images arrived")
         cpu = time.process_time() - cpu
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         herald_cpu = cpu_seconds(herald_pid) - herald_cpu
-        await publisher.wait()
     rate = (received - 1) / (last - first) if received > 1 and last > first else 0.0
     return {
         "side": side,
@@ -113,10 +126,10 @@ async def run_size(url: str, side: int, seconds: float, window: int, herald_pid:
         "mb_per_s": rate * size / 1e6,
         # CPU the client spends per image: what bounds the rate on an idle core.
         "subscriber_cpu_ms": cpu / received * 1e3,
-        "publisher_cpu_ms": float(report.result().split()[1]) / received * 1e3,
+        "publisher_cpu_ms": float(report[1]) / received * 1e3,
         # Minor page faults per image: memory the allocator handed back to the kernel and took again.
         "subscriber_faults": faults / received,
-        "publisher_faults": int(report.result().split()[2]) / received,
+        "publisher_faults": int(report[2]) / received,
         # herald's CPU per image (with --spawn), in clock ticks of 10 ms: a rough figure.
         "herald_cpu_ms": herald_cpu / received * 1e3,
     }
