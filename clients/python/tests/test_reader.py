@@ -1,25 +1,43 @@
-"""The large-frame reader (herald_client/_reader.py): the frames websockets parses through it are
-the ones it parses through its own reader, whatever the chunks they arrive in; and the installed
-websockets is one it applies to (a websockets whose internals changed would be caught here)."""
+"""The payload reader and the connection it serves (herald_client/_reader.py, _connection.py):
+frames parse as through websockets' own reader whatever the chunks they arrive in, large payloads
+land in buffers of their own that are used again only once nothing refers to them, and the
+installed websockets is one these apply to (a websockets whose internals changed is caught here)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import sys
 from collections.abc import Generator
 
 import pytest
 from conftest import Herald, run_async, within
-from websockets.frames import Frame, Opcode
-from websockets.protocol import Protocol
+from websockets.client import ClientProtocol
+from websockets.datastructures import Headers
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Response
+from websockets.protocol import Protocol, State
 from websockets.streams import StreamReader
+from websockets.uri import parse_uri
 
 import herald_client
-from herald_client._reader import LARGE, LargeFrameReader
+from herald_client._connection import Connection
+from herald_client._reader import LARGE, BufferPool, PayloadReader, install
+
+CPYTHON_GIL = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
-def parse_all(reader: StreamReader, wire: bytes, chunks: list[int]) -> list[Frame]:
-    """Feeds `wire` to `reader` in pieces of the sizes in `chunks` (cycled), parsing frames."""
+def payload_reader() -> PayloadReader:
+    reader = install(StreamReader(), BufferPool())
+    assert reader is not None
+    return reader
+
+
+def parse_all(reader: StreamReader, wire: bytes, chunks: list[int], into_space: bool = False) -> list[Frame]:
+    """Feeds `wire` to `reader` in pieces of the sizes in `chunks` (cycled), parsing frames. With
+    `into_space`, bytes the reader has room for in a large payload's buffer are written there, as
+    the connection has the kernel do."""
     frames: list[Frame] = []
 
     def parser() -> Generator[None, None, None]:
@@ -32,10 +50,22 @@ def parse_all(reader: StreamReader, wire: bytes, chunks: list[int]) -> list[Fram
     at, i = 0, 0
     while at < len(wire):
         n = chunks[i % len(chunks)]
-        reader.feed_data(wire[at : at + n])
-        next(gen)
+        space = reader.space() if into_space and isinstance(reader, PayloadReader) else None
+        if space is not None:
+            assert isinstance(reader, PayloadReader)
+            n = min(n, len(space), len(wire) - at)
+            space[:n] = wire[at : at + n]
+            if reader.filled(n):
+                next(gen)
+        else:
+            reader.feed_data(wire[at : at + n])
+            next(gen)
         at, i = at + n, i + 1
     return frames
+
+
+def shape(frames: list[Frame]) -> list[tuple[Opcode, bool, bytes]]:
+    return [(f.opcode, f.fin, bytes(f.data)) for f in frames]
 
 
 def test_large_and_small_frames_in_any_chunks_parse_as_websockets_own_reader_does() -> None:
@@ -51,7 +81,8 @@ def test_large_and_small_frames_in_any_chunks_parse_as_websockets_own_reader_doe
     ]
     wire = b"".join(f.serialize(mask=False) for f in sent)
     every = [
-        [256 * 1024],  # what asyncio's transport reads at most
+        [256 * 1024],
+        [64 * 1024],  # what the connection reads at most outside a large payload
         [1, 1, 1, 3 * 65536 + 5],  # a few bytes at a time, then larger
         [LARGE - 3, 7],
         [rng.randrange(1, 300_000) for _ in range(50)],
@@ -59,15 +90,15 @@ def test_large_and_small_frames_in_any_chunks_parse_as_websockets_own_reader_doe
     ]
     for chunks in every:
         theirs = parse_all(StreamReader(), wire, chunks)
-        ours = parse_all(LargeFrameReader(), wire, chunks)
-        assert [(f.opcode, f.fin, bytes(f.data)) for f in ours] == [(f.opcode, f.fin, bytes(f.data)) for f in theirs]
-        assert [(f.opcode, f.fin, f.data) for f in ours] == [(f.opcode, f.fin, f.data) for f in sent]
-        # A large payload is `bytes`: websockets' assembler passes a whole one on without a copy.
-        assert all(isinstance(f.data, bytes) for f in ours if len(f.data) >= LARGE)
+        for into_space in (False, True):
+            ours = parse_all(payload_reader(), wire, chunks, into_space)
+            assert shape(ours) == shape(theirs) == shape(sent)
+            # A large payload is a buffer of its own, the size of the payload.
+            assert all(type(f.data) is bytearray for f in ours if len(f.data) >= LARGE)
 
 
 def test_the_stream_ending_inside_a_large_frame_is_an_eof_error() -> None:
-    reader = LargeFrameReader()
+    reader = payload_reader()
     wire = Frame(Opcode.BINARY, bytes(2 * LARGE)).serialize(mask=False)
     gen = Frame.parse(reader.read_exact, mask=False)
     next(gen)
@@ -78,13 +109,35 @@ def test_the_stream_ending_inside_a_large_frame_is_an_eof_error() -> None:
         next(gen)
 
 
+@pytest.mark.skipif(not CPYTHON_GIL, reason="buffers are reused only where reference counts are exact")
+def test_the_pool_lends_a_buffer_again_only_once_nothing_refers_to_it() -> None:
+    pool = BufferPool(size=2)
+    a = pool.take(1000)
+    b = pool.take(1000)
+    a_id, b_id = id(a), id(b)
+    assert b is not a
+    view = memoryview(a)
+    del a
+    c = pool.take(1000)  # a view of the first is left, the second is held: a new one
+    assert id(c) not in (a_id, b_id)
+    view.release()
+    del view, c
+    d = pool.take(900)  # the first, resized to what is asked
+    assert id(d) == a_id and len(d) == 900
+    del b
+    e = pool.take(5000)  # the second, grown
+    assert id(e) == b_id and len(e) == 5000
+
+
 @run_async()
-async def test_the_installed_websockets_gets_the_large_frame_reader(herald: Herald) -> None:
+async def test_the_installed_websockets_gets_the_connection_and_the_payload_reader(herald: Herald) -> None:
     async with herald_client.connect(herald.url) as h:
         ws = h._ws
-        assert ws is not None
+        assert isinstance(ws, Connection)
         protocol: Protocol = ws.protocol
-        assert type(protocol.reader) is LargeFrameReader
+        assert type(protocol.reader) is PayloadReader
+        # The transport reads through get_buffer (BufferedProtocol), so large payloads land in place.
+        assert isinstance(ws.transport.get_protocol(), asyncio.BufferedProtocol)
         sub = await h.subscribe("reader/big")
         payload = os.urandom(5 * LARGE + 3)
         text = "é" * (LARGE // 2 + 1000)  # a text frame over LARGE bytes
@@ -95,3 +148,66 @@ async def test_the_installed_websockets_gets_the_large_frame_reader(herald: Hera
         assert m.data == payload
         assert (await within(sub.__anext__())).data == b"small"
         assert (await within(sub.__anext__())).data == text
+
+
+@run_async()
+async def test_a_payload_kept_is_never_overwritten_and_one_dropped_is_read_into_again(herald: Herald) -> None:
+    async with herald_client.connect(herald.url) as h, herald_client.connect(herald.url) as publisher:
+        # One image at a time, as a subscriber that keeps up sees them.
+        sub = await h.subscribe("reader/reuse", policy="lossless", window=1)
+        images = [bytes([i]) * (LARGE * 3) for i in range(12)]
+        for image in images:
+            await publisher.publish("reader/reuse", image, ack=False)
+        kept = await within(sub.__anext__())
+        view = kept.payload  # a view of the first payload, and the message, both kept
+        ids = set()
+        for image in images[1:]:
+            m = await within(sub.__anext__())
+            assert m.data == image
+            ids.add(id(m.payload.obj))
+            del m
+        assert bytes(view) == images[0] and kept.data == images[0]
+        assert view.readonly
+        if CPYTHON_GIL:
+            # The others took turns in the pool's buffers (the one kept aside).
+            assert len(ids) <= 3 and id(view.obj) not in ids
+
+
+@run_async()
+async def test_a_message_in_several_frames_reaches_the_receiver_whole_and_bad_utf8_fails_the_connection() -> None:
+    ws = Connection(ClientProtocol(parse_uri("ws://127.0.0.1/ws")))
+    written: list[bytes] = []
+    ws.connection_made(Transport(written))
+    ws.protocol.state = State.OPEN  # as after the handshake
+    ws.response = Response(101, "Switching Protocols", Headers())
+    got: list[str | bytes | bytearray] = []
+    ws.process_event(Frame(Opcode.TEXT, '{"op":"pong","x":"é'.encode()[:-1], fin=False))  # é split
+    ws.attach(got.append)
+    ws.process_event(Frame(Opcode.CONT, b"\xa9", fin=False))
+    ws.process_event(Frame(Opcode.CONT, b'"}'))
+    ws.process_event(Frame(Opcode.BINARY, b"\x00\x01"))
+    assert got == ['{"op":"pong","x":"é"}', b"\x00\x01"]
+    ws.process_event(Frame(Opcode.TEXT, b"\xff"))
+    assert len(got) == 2 and ws.protocol.state is State.CLOSING
+    assert ws.protocol.close_sent is not None and ws.protocol.close_sent.code == CloseCode.INVALID_DATA
+    assert written and written[0][0] == 0x88  # the close frame went out
+
+
+class Transport(asyncio.Transport):
+    """Keeps what is written."""
+
+    def __init__(self, written: list[bytes]) -> None:
+        super().__init__()
+        self.written = written
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
