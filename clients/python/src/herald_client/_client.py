@@ -49,6 +49,7 @@ from ._types import (
     StateEvent,
     Subscribed,
     decode_frame,
+    decode_head,
     encode_head,
     topic_matches,
 )
@@ -79,6 +80,20 @@ class _Ticket:
         self.ws = ws
         self.batch = batch
         self.pending = 0
+
+
+class _Route:
+    """A pattern whose subscriptions take messages of some topic, with what delivering them needs:
+    whether one is lossless (a message spends its credit), has a byte window, and its credit batch."""
+
+    __slots__ = ("batch", "byte_window", "lossless", "pattern", "subs")
+
+    def __init__(self, pattern: str, subs: list[Subscription]) -> None:
+        self.pattern = pattern
+        self.subs = subs
+        self.lossless = any(s.lossless for s in subs)
+        self.byte_window = any(s.byte_window for s in subs)
+        self.batch = _credit_batch(subs)
 
 
 class _End:
@@ -298,6 +313,8 @@ class Client:
         # Subscriptions by pattern, in the order herald first saw the patterns (its tie-break
         # for which lossless subscription a message charges).
         self._patterns: dict[str, list[Subscription]] = {}
+        # Per topic, the patterns that take it: found once, forgotten when subscriptions change.
+        self._routes: dict[str, list[_Route]] = {}
         # Lossless credit earned and not yet granted, per pattern: [messages, payload bytes].
         self._credits: dict[str, list[int]] = {}
         self._credit_flush: asyncio.Task[None] | None = None
@@ -512,6 +529,7 @@ class Client:
                     sub._ready.exception()  # retrieved: subscribe() may no longer wait for it
                 sub._end(None if isinstance(error, ClientClosed) else error)
         self._patterns.clear()
+        self._routes.clear()
         self._opened.set()  # wakes waiters, who then see the state
 
     async def close(self) -> None:
@@ -724,6 +742,7 @@ class Client:
             self, pattern, options, positions, self._buffer if buffer is None else buffer, handler, on_gap
         )
         self._patterns.setdefault(pattern, []).append(sub)
+        self._routes.clear()
         if handler is not None:
             sub._task = self._spawn(sub._run_handler(handler))
         # While not open, the next connection subscribes every held pattern.
@@ -804,6 +823,7 @@ class Client:
         if subs is None or sub not in subs:
             return False
         subs.remove(sub)
+        self._routes.clear()
         if subs:
             return False
         del self._patterns[sub.pattern]
@@ -834,7 +854,7 @@ class Client:
         offset = 0
         try:
             if isinstance(raw, str):
-                head = json.loads(raw)
+                head = decode_head(raw)
             else:
                 frame = raw
                 head, offset = decode_frame(frame)
@@ -851,7 +871,7 @@ class Client:
                 m.dropped = self._dropped.pop(m.topic, 0)
             self._deliver(m, replayed, ws)
         elif op == "dropped":
-            topic, count = head.get("topic"), int(head.get("count") or 0)
+            topic, count = str(head.get("topic")), int(head.get("count") or 0)
             self._dropped[topic] = self._dropped.get(topic, 0) + count
             self._emit("dropped", Dropped(topic, count, head.get("reason")))
         elif op == "error":
@@ -877,15 +897,15 @@ class Client:
         to that matches it); it is granted back once every lossless subscription of that pattern
         handled the message. Replayed messages spent none and earn none. An inbox this fills
         stops the reading of the socket until it has room again."""
+        routes = self._routes.get(m.topic)
+        if routes is None:
+            routes = self._route(m.topic)
         ticket: _Ticket | None = None
-        for pattern, subs in self._patterns.items():
-            if not topic_matches(pattern, m.topic):
-                continue
-            charges = not replayed and ticket is None and any(s.lossless for s in subs)
+        for route in routes:
+            charges = not replayed and ticket is None and route.lossless
             if charges:
-                nbytes = m.size if any(s.byte_window for s in subs) else 0
-                ticket = _Ticket(pattern, nbytes, ws, _credit_batch(subs))
-            for sub in subs:
+                ticket = _Ticket(route.pattern, m.size if route.byte_window else 0, ws, route.batch)
+            for sub in route.subs:
                 if not sub.active or not sub.accept(m):
                     continue
                 mine = ticket if charges and sub.lossless else None
@@ -899,6 +919,13 @@ class Client:
                     ws.transport.pause_reading()
         if ticket is not None and ticket.pending == 0:
             self._handled(ticket, idle=True, done=True)
+
+    def _route(self, topic: str) -> list[_Route]:
+        if len(self._routes) >= _ROUTES:
+            self._routes.clear()
+        routes = [_Route(p, subs) for p, subs in self._patterns.items() if topic_matches(p, topic)]
+        self._routes[topic] = routes
+        return routes
 
     def _has_room(self, inbox: _Inbox) -> None:
         self._crowded.discard(inbox)
@@ -957,6 +984,9 @@ class Client:
         finally:
             self._credit_flush = None
 
+
+# How many topics' routes are kept (past it they are found again).
+_ROUTES = 4096
 
 # herald's default lossless window (docs/protocol.md), and a bound never reached.
 _DEFAULT_WINDOW = 16

@@ -10,11 +10,14 @@ moves thousands of messages a second, or images of many MiB, more than the proto
   transport's callback, instead of being queued for a task that `recv()`s it and hands it on: no
   task switch per message. The connection is an asyncio `BufferedProtocol`, so the kernel reads
   small frames into one reused buffer and a large payload straight into its own (`_reader.py`).
-- **Out:** a whole message is written to the transport at once (`write_now`), without the
-  per-send context manager, lock and drain of `send()`; awaiting only when the transport's buffer
-  is full. Credit for lossless subscriptions goes this way, synchronously, the moment a message is
-  handled. A large message goes as fragments that are views of the caller's buffer
-  (`send_fragments`), one message at a time: `write_now` waits for it rather than interleave.
+- **Out:** a whole message is framed, masked and written to the transport at once (`write_now`),
+  without the per-send context manager, lock and drain of `send()` or the frame object, checks and
+  `BytesIO` of websockets' serializer, and awaits only when the transport's buffer is full. Credit
+  for lossless subscriptions goes this way, synchronously, the moment a message is handled. A
+  large message goes as fragments that are views of the caller's buffer (`send_fragments`), each
+  masked into a block of its own and written after its header, not copied again; one message at a
+  time: `write_now` waits for it rather than interleave. websockets still writes the control
+  frames (pings, pongs, the close), which may go between fragments.
 
 It relies on websockets' asyncio internals besides its public sans-I/O `Protocol`: the
 `create_connection` hook, `process_event`, `data_received`, `send_data`, `drain`, `paused` and
@@ -24,6 +27,8 @@ It relies on websockets' asyncio internals besides its public sans-I/O `Protocol
 from __future__ import annotations
 
 import asyncio
+import os
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +37,11 @@ from websockets.client import ClientProtocol
 from websockets.frames import Close, CloseCode, Frame, Opcode
 from websockets.protocol import Event, State
 
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # a websockets built without its C extension
+    from websockets.utils import apply_mask
+
 from . import _reader
 from ._errors import NotConnected
 
@@ -39,11 +49,15 @@ from ._errors import NotConnected
 # transport reads at most this much at a time too).
 _READ = 64 * 1024
 
-# The size of the fragments of a large message. websockets masks each fragment into a new block
-# and serializes it with its header into another; below glibc's default mmap threshold (128 KiB)
-# those blocks come from the heap and are reused, where blocks as large as the payload would be
-# mapped and page-faulted in for every message.
+# The size of the fragments of a large message. Each is masked into a new block; below glibc's
+# default mmap threshold (128 KiB) those blocks come from the heap and are reused, where blocks as
+# large as the payload would be mapped and page-faulted in for every message.
 FRAGMENT = 124 * 1024
+
+# Masking keys are drawn from os.urandom this many at a time (one system call for many frames).
+_KEYS = 1024
+
+_TEXT, _BINARY, _CONT, _FIN = 0x1, 0x2, 0x0, 0x80
 
 Receiver = Callable[[str | bytes | bytearray], None]
 
@@ -66,6 +80,8 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         self._payloads = _reader.install(protocol.reader, _reader.BufferPool())
         # Set while a fragmented message is being written: nothing else may go between its frames.
         self._sending: asyncio.Future[None] | None = None
+        self._keys = b""
+        self._key_at = 0
 
     def attach(self, receiver: Receiver) -> None:
         """From now on every message goes to `receiver` (a `str` for text, else bytes-like)."""
@@ -125,17 +141,35 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
             close: Close | None = self.protocol.close_rcvd or self.protocol.close_sent
             raise NotConnected(f"the connection is {state.name.lower()}" + (f" ({close})" if close else ""))
 
+    def _key(self) -> bytes:
+        """A fresh masking key (RFC 6455 5.3: from a strong source of entropy, one per frame)."""
+        at = self._key_at
+        if at == len(self._keys):
+            self._keys, at = os.urandom(4 * _KEYS), 0
+        self._key_at = at + 4
+        return self._keys[at : at + 4]
+
+    def _frame(self, first: int, data: bytes | memoryview) -> tuple[bytes, bytes]:
+        """A client frame of `data` (`first`: FIN and opcode): its header with the masking key,
+        and the masked payload."""
+        key = self._key()
+        n = len(data)
+        if n < 126:
+            head = struct.pack("!BB", first, 0x80 | n)
+        elif n < 65536:
+            head = struct.pack("!BBH", first, 0xFE, n)
+        else:
+            head = struct.pack("!BBQ", first, 0xFF, n)
+        return head + key, apply_mask(data, key)
+
     def write_now(self, data: bytes, text: bool) -> bool:
         """Writes one whole message to the transport now; False (nothing written) while a
         fragmented message is being sent. Raises `NotConnected` unless the connection is open."""
         if self._sending is not None:
             return False
         self._check_open()
-        if text:
-            self.protocol.send_text(data)
-        else:
-            self.protocol.send_binary(data)
-        self.send_data()
+        head, payload = self._frame(_FIN | (_TEXT if text else _BINARY), data)
+        self.transport.write(head + payload)
         return True
 
     async def send_message(self, data: bytes, text: bool) -> None:
@@ -149,29 +183,33 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
 
     async def send_fragments(self, first: bytes, rest: memoryview) -> None:
         """Writes one binary message: `first`, then `rest` in fragments of `FRAGMENT` bytes that
-        are views of it (websockets copies each as it masks it)."""
+        are views of it, each masked into a block that is written after its header as it is."""
         while self._sending is not None:
             await asyncio.shield(self._sending)
         self._sending = self.loop.create_future()
+        started = False
         try:
             self._check_open()
-            self.protocol.send_binary(first, fin=False)
-            self.send_data()
+            head, payload = self._frame(_BINARY, first)
+            self.transport.write(head + payload)
+            started = True
             for at in range(0, len(rest), FRAGMENT):
                 if self.paused:
                     await self.drain()
                 self._check_open()
-                self.protocol.send_continuation(rest[at : at + FRAGMENT], fin=at + FRAGMENT >= len(rest))
-                self.send_data()
+                last = at + FRAGMENT >= len(rest)
+                head, payload = self._frame(_CONT | (_FIN if last else 0), rest[at : at + FRAGMENT])
+                self.transport.write(head)
+                self.transport.write(payload)
             if not rest:
-                self.protocol.send_continuation(b"", fin=True)
-                self.send_data()
+                self.transport.write(b"".join(self._frame(_CONT | _FIN, b"")))
+            started = False
             if self.paused:
                 await self.drain()
         except BaseException:
             # A message cut off between its frames leaves the connection unusable: it is failed
             # (1011) and the client reconnects.
-            if self.protocol.state is State.OPEN and self.protocol.expect_continuation_frame:
+            if started and self.protocol.state is State.OPEN:
                 self.protocol.fail(CloseCode.INTERNAL_ERROR, "error in fragmented message")
                 self.send_data()
             raise

@@ -1,7 +1,8 @@
-"""The payload reader and the connection it serves (herald_client/_reader.py, _connection.py):
-frames parse as through websockets' own reader whatever the chunks they arrive in, large payloads
-land in buffers of their own that are used again only once nothing refers to them, and the
-installed websockets is one these apply to (a websockets whose internals changed is caught here)."""
+"""The connection and its payload reader (herald_client/_connection.py, _reader.py): frames parse
+as through websockets' own reader whatever the chunks they arrive in, large payloads land in
+buffers of their own that are used again only once nothing refers to them, messages are handed
+over whole and written as masked frames websockets parses back, and the installed websockets is
+one these apply to (a websockets whose internals changed is caught here)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from websockets.streams import StreamReader
 from websockets.uri import parse_uri
 
 import herald_client
-from herald_client._connection import Connection
+from herald_client._connection import FRAGMENT, Connection
 from herald_client._reader import LARGE, BufferPool, PayloadReader, install
 
 CPYTHON_GIL = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
@@ -175,11 +176,8 @@ async def test_a_payload_kept_is_never_overwritten_and_one_dropped_is_read_into_
 
 @run_async()
 async def test_a_message_in_several_frames_reaches_the_receiver_whole_and_bad_utf8_fails_the_connection() -> None:
-    ws = Connection(ClientProtocol(parse_uri("ws://127.0.0.1/ws")))
     written: list[bytes] = []
-    ws.connection_made(Transport(written))
-    ws.protocol.state = State.OPEN  # as after the handshake
-    ws.response = Response(101, "Switching Protocols", Headers())
+    ws = open_connection(written)
     got: list[str | bytes | bytearray] = []
     ws.process_event(Frame(Opcode.TEXT, '{"op":"pong","x":"é'.encode()[:-1], fin=False))  # é split
     ws.attach(got.append)
@@ -191,6 +189,52 @@ async def test_a_message_in_several_frames_reaches_the_receiver_whole_and_bad_ut
     assert len(got) == 2 and ws.protocol.state is State.CLOSING
     assert ws.protocol.close_sent is not None and ws.protocol.close_sent.code == CloseCode.INVALID_DATA
     assert written and written[0][0] == 0x88  # the close frame went out
+
+
+@run_async()
+async def test_what_the_connection_writes_is_masked_frames_of_the_messages() -> None:
+    written: list[bytes] = []
+    ws = open_connection(written)
+    big = os.urandom(3 * FRAGMENT + 5)
+    assert ws.write_now(b'{"op":"ping"}', text=True)
+    assert ws.write_now(bytes(200), text=False)
+    await ws.send_message(os.urandom(70_000), text=False)
+    await ws.send_fragments(b"head", memoryview(big))
+    await ws.send_fragments(b"alone", memoryview(b""))
+    reader = StreamReader()
+    reader.feed_data(b"".join(written))
+    reader.feed_eof()
+    frames = []
+    while reader.buffer:
+        parse = Frame.parse(reader.read_exact, mask=True)
+        with pytest.raises(StopIteration) as done:
+            next(parse)
+        frames.append(done.value.value)
+    assert [(f.opcode, f.fin, len(f.data)) for f in frames] == [
+        (Opcode.TEXT, True, 13),
+        (Opcode.BINARY, True, 200),
+        (Opcode.BINARY, True, 70_000),
+        (Opcode.BINARY, False, 4),
+        (Opcode.CONT, False, FRAGMENT),
+        (Opcode.CONT, False, FRAGMENT),
+        (Opcode.CONT, False, FRAGMENT),
+        (Opcode.CONT, True, 5),
+        (Opcode.BINARY, False, 5),
+        (Opcode.CONT, True, 0),
+    ]
+    assert frames[0].data == b'{"op":"ping"}' and b"".join(f.data for f in frames[4:8]) == big
+    # Every frame has a masking key of its own.
+    keys = {bytes(w[-4:]) for w in written if len(w) <= 14}
+    assert len(keys) >= 6
+
+
+def open_connection(written: list[bytes]) -> Connection:
+    """A connection as after the handshake, writing into `written`."""
+    ws = Connection(ClientProtocol(parse_uri("ws://127.0.0.1/ws")))
+    ws.connection_made(Transport(written))
+    ws.protocol.state = State.OPEN
+    ws.response = Response(101, "Switching Protocols", Headers())
+    return ws
 
 
 class Transport(asyncio.Transport):
