@@ -133,6 +133,54 @@ pub struct Sub {
     pub id: Option<u32>,
 }
 
+impl Sub {
+    /// Whether a message for it is the same packet for every QoS 0 subscriber: QoS 0, not
+    /// shared, no identifier, no retain as published.
+    fn is_plain(&self) -> bool {
+        self.qos == QoS::AtMostOnce
+            && !self.lossless
+            && !self.shared
+            && !self.retain_as_published
+            && self.id.is_none()
+    }
+}
+
+/// A connection's subscriptions, one per name, counting those that are not plain
+/// ([`Sub::is_plain`]): while none is, a message needs no look at them (a connection may hold
+/// hundreds, and matching each filter for each message would cost more than the delivery).
+#[derive(Debug, Default)]
+pub struct Subs {
+    list: Vec<Sub>,
+    special: usize,
+}
+
+impl Subs {
+    /// Adds `sub`, replacing the subscription of the same name; whether there was one.
+    pub fn insert(&mut self, sub: Sub) -> bool {
+        let existed = self.remove(&sub.name).is_some();
+        self.special += usize::from(!sub.is_plain());
+        self.list.push(sub);
+        existed
+    }
+
+    /// Removes the subscription named `name`.
+    pub fn remove(&mut self, name: &str) -> Option<Sub> {
+        let at = self.list.iter().position(|x| x.name == name)?;
+        let sub = self.list.remove(at);
+        self.special -= usize::from(!sub.is_plain());
+        Some(sub)
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Sub> {
+        self.list.iter()
+    }
+
+    /// Whether every subscription is plain (none at all included).
+    fn plain(&self) -> bool {
+        self.special == 0
+    }
+}
+
 /// Where the credit a QoS 1 message spent goes back when it is acknowledged (or was not sent).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreditTo {
@@ -187,7 +235,7 @@ pub struct Outbound {
     pub maximum_packet_size: u32,
     /// Whether 5.0 reason strings may go with errors.
     pub problem_info: bool,
-    pub subs: Vec<Sub>,
+    pub subs: Subs,
     next_packet_id: u16,
     /// QoS 1 PUBLISH packets sent and not yet acknowledged: where the credit the
     /// acknowledgement returns goes (nowhere for a retained message sent on subscribe).
@@ -212,7 +260,7 @@ impl Default for Outbound {
             version: Version::V311,
             maximum_packet_size: u32::MAX,
             problem_info: true,
-            subs: Vec::new(),
+            subs: Subs::default(),
             next_packet_id: 0,
             in_flight: HashMap::new(),
             owed: Vec::new(),
@@ -522,7 +570,7 @@ impl Encoder {
                     // Refused: not a subscription of the connection.
                     if let Some(Some((sub, _))) = pending.subs.get(at) {
                         let name = sub.name.clone();
-                        s.subs.retain(|x| x.name != name);
+                        s.subs.remove(&name);
                     }
                 }
                 pending.outstanding = pending.outstanding.saturating_sub(1);
@@ -677,6 +725,18 @@ impl Encoder {
     /// message spent and that no acknowledgement will return is owed to herald.
     fn publish_of(&self, message: &Message, group: Option<&Arc<Group>>) -> Frame {
         let mut s = self.state.lock();
+        // Most connections: every subscription QoS 0 and plain, a message with no MQTT 5.0
+        // properties on a topic MQTT names as herald does (no `$`, no `+` or `#` in a level),
+        // so the packet is the one every such subscriber shares.
+        let topic = message.topic();
+        if group.is_none()
+            && s.subs.plain()
+            && message.extras().is_none()
+            && !topic.starts_with('$')
+            && !topic.contains(['+', '#'])
+        {
+            return self.shared_publish(&s, message);
+        }
         let Some(name) = to_mqtt_topic(message.topic()) else {
             let (_, credit) = match group {
                 Some(g) => s.route_grouped(g, ""),
@@ -720,19 +780,7 @@ impl Encoder {
             },
         };
         if route.qos == QoS::AtMostOnce && route.ids.is_empty() && now == 0 && !retain {
-            let all = message.encoded(SLOT, shared_heads);
-            if all.is_empty() {
-                return Frame::default();
-            }
-            let (head, packet_len) =
-                shared_head(&all.head, all.body.len(), s.version, self.framing);
-            if packet_len > s.maximum_packet_size as usize {
-                return Frame::default();
-            }
-            return Frame {
-                head,
-                body: all.body,
-            };
+            return self.shared_publish(&s, message);
         }
         let delivery = Delivery {
             qos: route.qos,
@@ -747,6 +795,26 @@ impl Encoder {
             s.owe(credit);
         }
         frame
+    }
+}
+
+impl Encoder {
+    /// The QoS 0 PUBLISH every plain subscriber of this version and transport is sent: cut
+    /// from the bytes cached in the message; nothing if it exceeds the client's maximum
+    /// packet size.
+    fn shared_publish(&self, s: &Outbound, message: &Message) -> Frame {
+        let all = message.encoded(SLOT, shared_heads);
+        if all.is_empty() {
+            return Frame::default();
+        }
+        let (head, packet_len) = shared_head(&all.head, all.body.len(), s.version, self.framing);
+        if packet_len > s.maximum_packet_size as usize {
+            return Frame::default();
+        }
+        Frame {
+            head,
+            body: all.body,
+        }
     }
 }
 

@@ -350,13 +350,6 @@ impl Mqtt {
                 QoS::AtMostOnce
             };
             let mut s = self.state.lock();
-            let existed = match s.subs.iter().position(|x| x.name == f.filter) {
-                Some(at) => {
-                    s.subs.remove(at);
-                    true
-                }
-                None => false,
-            };
             let entry = Sub {
                 name: f.filter.clone(),
                 filter: parsed.filter.to_owned(),
@@ -367,7 +360,7 @@ impl Mqtt {
                 retain_as_published: f.retain_as_published,
                 id: sub.subscription_identifier,
             };
-            s.subs.push(entry.clone());
+            let existed = s.subs.insert(entry.clone());
             drop(s);
             codes.push(match qos {
                 QoS::AtMostOnce => ReasonCode::Success,
@@ -423,11 +416,10 @@ impl Mqtt {
         let mut requests = Vec::new();
         let mut s = self.state.lock();
         for filter in &u.filters {
-            let Some(at) = s.subs.iter().position(|x| x.name == *filter) else {
+            let Some(sub) = s.subs.remove(filter) else {
                 codes.push(ReasonCode::NoSubscriptionExisted);
                 continue;
             };
-            let sub = s.subs.remove(at);
             codes.push(ReasonCode::Success);
             let tag = Tag::Unsubscribe {
                 packet_id: u.packet_id,
