@@ -314,6 +314,49 @@ async def test_native_and_http_publishes_reach_a_stomp_subscriber_once_in_order(
     await ws.close()
 
 
+@run_async
+async def test_a_message_crosses_stomp_native_mqtt_and_back_to_stomp_byte_for_byte(herald):
+    """STOMP → native WebSocket → MQTT → STOMP: a native client relays what a stomp.py publisher
+    sends, a Paho client (MQTT over `/mqtt`) relays what the native one publishes, and a stomp.py
+    subscriber gets every payload (NUL bytes included) once, in order."""
+    import paho.mqtt.client as mqtt
+
+    sub, got = await asyncio.to_thread(stomp_ws, herald)
+    sub.subscribe("/topic/py/chain/c", id="s", headers={"receipt": "r"})
+    await asyncio.to_thread(got.receipt, "r")
+
+    relay = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, transport="websockets", protocol=mqtt.MQTTv311)
+    relay.ws_set_options(path="/mqtt")
+    subscribed = threading.Event()
+    relay.on_subscribe = lambda c, u, mid, codes, props: subscribed.set()
+    relay.on_message = lambda c, u, m: c.publish("py/chain/c", m.payload, qos=1)
+    relay.on_connect = lambda c, u, flags, reason, props: c.subscribe("py/chain/b", qos=1)
+    relay.connect("127.0.0.1", herald.port, keepalive=30)
+    relay.loop_start()
+    try:
+        assert await asyncio.to_thread(subscribed.wait, STEP), "the MQTT relay never subscribed"
+        ws = await connect(herald)
+        await subscribe(ws, "py/chain/a", id=1)
+        pub, pub_got = stomp_tcp(herald)
+        sent = [BINARY + bytes([i]) for i in range(25)]
+        for body in sent:
+            pub.send("/topic/py/chain/a", body)
+        for i, body in enumerate(sent):
+            head, payload = decode_binary(await recv_frame(ws))
+            assert (head["topic"], head["seq"], payload) == ("py/chain/a", i + 1, body)
+            await ws.send(encode_binary({"op": "pub", "topic": "py/chain/b"}, payload))
+        received = await asyncio.to_thread(got.messages_after, len(sent))
+        assert [m.body for m in received] == sent
+        assert [int(m.headers["seq"]) for m in received] == list(range(1, len(sent) + 1))
+        await asyncio.to_thread(quiet, got, len(sent))
+        pub.disconnect()
+        await ws.close()
+    finally:
+        relay.loop_stop()
+        relay.disconnect()
+        sub.disconnect()
+
+
 # --------------------------------------------------------------------------------------------
 # Resuming from a position (docs/stomp.md, "Recovery")
 # --------------------------------------------------------------------------------------------
