@@ -337,7 +337,7 @@ async def test_a_message_crosses_stomp_native_mqtt_and_back_to_stomp_byte_for_by
         assert await asyncio.to_thread(subscribed.wait, STEP), "the MQTT relay never subscribed"
         ws = await connect(herald)
         await subscribe(ws, "py/chain/a", id=1)
-        pub, pub_got = stomp_tcp(herald)
+        pub, _ = stomp_tcp(herald)
         sent = [BINARY + bytes([i]) for i in range(25)]
         for body in sent:
             pub.send("/topic/py/chain/a", body)
