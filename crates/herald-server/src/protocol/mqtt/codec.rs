@@ -14,7 +14,14 @@
 //!
 //! Replies are matched to their MQTT packets by request id ([`Tag`]), a number that names the
 //! packet to answer and its packet identifier.
+//!
+//! QoS 1 messages go through the session's [`Flow`]: at most the client's Receive Maximum in
+//! flight on the connection, the rest waiting in order for acknowledgements. A message the
+//! engine charged to a `lossless` subscription but that the connection does not send (a `$`
+//! topic under a leading wildcard, too large for the client, already delivered) gives its
+//! credit back at once, through the hook the session sets ([`Encoder::on_unspent_credit`]).
 
+use super::delivery::{Flow, Gaps, Held, Lost, Seen, GAP_PROPERTY};
 use super::encode::{self, AckKind, Delivery, Prepared, ProblemInfo};
 use super::packet::MessageProperties;
 use super::retained::{Retained, RetainedStore};
@@ -30,8 +37,8 @@ use herald_core::request::{PayloadKind, RequestId};
 use herald_core::topic::matches;
 use herald_core::wire::{ws_header, OpCode};
 use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
 
 /// The message cache slot MQTT's QoS 0 PUBLISH takes (herald's JSON has slot 0).
 pub const SLOT: usize = 1;
@@ -138,10 +145,15 @@ pub struct Outbound {
     /// Whether 5.0 reason strings may go with errors.
     pub problem_info: bool,
     pub subs: Vec<Sub>,
-    next_packet_id: u16,
-    /// QoS 1 PUBLISH packets sent and not yet acknowledged: the herald pattern whose credit
-    /// the acknowledgement returns (none for a retained message sent on subscribe).
-    in_flight: HashMap<u16, Option<Arc<str>>>,
+    /// QoS 1 messages in flight and waiting for room under the client's receive maximum.
+    pub flow: Flow,
+    /// Losses to announce on the next message of their topic (5.0).
+    pub gaps: Gaps,
+    /// For a session that may outlive its connection: what it has delivered.
+    pub seen: Option<Seen>,
+    /// Messages queued ahead of any live one that spent no `lossless` credit (handed over
+    /// when a session resumes): the next this many messages encoded return none.
+    pub uncredited: usize,
     subacks: HashMap<u16, PendingAck>,
     unsubacks: HashMap<u16, PendingAck>,
     /// Retained messages published and not yet accepted by herald, by key.
@@ -149,7 +161,19 @@ pub struct Outbound {
     next_retain_key: u16,
     /// QoS 2 PUBLISH packets received whose PUBREL has not come (§4.3.3): a PUBLISH with one
     /// of these identifiers is a duplicate, not published again.
-    pub awaiting_release: std::collections::HashSet<u16>,
+    pub awaiting_release: HashSet<u16>,
+}
+
+/// What a session keeps from one connection to the next (§4.1): its subscriptions, the QoS 1
+/// messages it owes the client, the QoS 2 messages it received and awaits the release of, and
+/// what it has delivered.
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub subs: Vec<Sub>,
+    pub flow: Flow,
+    pub gaps: Gaps,
+    pub seen: Seen,
+    pub awaiting_release: HashSet<u16>,
 }
 
 impl Default for Outbound {
@@ -159,8 +183,10 @@ impl Default for Outbound {
             maximum_packet_size: u32::MAX,
             problem_info: true,
             subs: Vec::new(),
-            next_packet_id: 0,
-            in_flight: HashMap::new(),
+            flow: Flow::default(),
+            gaps: Gaps::default(),
+            seen: None,
+            uncredited: 0,
             subacks: HashMap::new(),
             unsubacks: HashMap::new(),
             retaining: HashMap::new(),
@@ -171,24 +197,30 @@ impl Default for Outbound {
 }
 
 impl Outbound {
-    /// A packet identifier not in use by an unacknowledged QoS 1 PUBLISH, recorded as in use.
-    /// `None` when all 65,535 are (the client acknowledges nothing).
-    fn packet_id(&mut self, credit: Option<Arc<str>>) -> Option<u16> {
-        for _ in 0..u16::MAX {
-            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
-            let id = self.next_packet_id;
-            if let std::collections::hash_map::Entry::Vacant(e) = self.in_flight.entry(id) {
-                e.insert(credit);
-                return Some(id);
-            }
+    /// The session state this connection holds, taken (its connection is ending, or another
+    /// connection takes the session over): what is left encodes nothing more.
+    pub fn take_session(&mut self) -> Kept {
+        Kept {
+            subs: std::mem::take(&mut self.subs),
+            flow: std::mem::take(&mut self.flow),
+            gaps: std::mem::take(&mut self.gaps),
+            seen: self.seen.take().unwrap_or_default(),
+            awaiting_release: std::mem::take(&mut self.awaiting_release),
         }
-        None
     }
 
-    /// The client acknowledged QoS 1 PUBLISH `packet_id`: the herald pattern to return a
-    /// message of credit to, if any.
-    pub fn acknowledged(&mut self, packet_id: u16) -> Option<Arc<str>> {
-        self.in_flight.remove(&packet_id).flatten()
+    /// Takes up a session kept from an earlier connection, keeping this connection's receive
+    /// maximum and whether its session may outlive it; nothing it owes has spent credit of
+    /// this connection's subscriptions.
+    pub fn resume(&mut self, kept: Kept, receive_maximum: u16) {
+        let persistent = self.seen.is_some();
+        self.subs = kept.subs;
+        self.flow = kept.flow;
+        self.flow.set_receive_maximum(receive_maximum);
+        self.flow.forget_credit();
+        self.gaps.merge(kept.gaps);
+        self.seen = persistent.then_some(kept.seen);
+        self.awaiting_release = kept.awaiting_release;
     }
 
     /// Keeps a retained message until herald accepts its publish; the key for its [`Tag`].
@@ -225,30 +257,26 @@ impl Outbound {
         self.unsubacks.insert(packet_id, pending);
     }
 
-    /// The granted QoS of the subscriptions MQTT topic `name` matches, and the herald pattern
-    /// whose credit a message of herald topic `topic` spends (the first `lossless` one that
-    /// matches, as the engine chooses). `None`: no subscription matches in MQTT's terms (a
-    /// leading wildcard and a `$` topic).
-    fn route(&self, name: &str, topic: &str) -> Option<(QoS, Option<Arc<str>>)> {
-        let mut found: Option<(QoS, Option<Arc<str>>)> = None;
-        for sub in &self.subs {
-            if !mqtt_matches(&sub.filter, name) {
-                continue;
-            }
-            let credit = match (&found, sub.lossless) {
-                (Some((_, Some(_))), _) | (_, false) => None,
-                (_, true) => sub
-                    .patterns
-                    .iter()
-                    .find(|p| matches(p, topic))
-                    .map(|p| Arc::from(p.as_str())),
-            };
-            found = Some(match found {
-                None => (sub.qos, credit),
-                Some((qos, held)) => (qos.max(sub.qos), held.or(credit)),
-            });
-        }
-        found
+    /// The highest QoS granted among the subscriptions MQTT topic `name` matches; `None`: no
+    /// subscription matches in MQTT's terms (a leading wildcard and a `$` topic).
+    fn route(&self, name: &str) -> Option<QoS> {
+        self.subs
+            .iter()
+            .filter(|sub| mqtt_matches(&sub.filter, name))
+            .map(|sub| sub.qos)
+            .max()
+    }
+
+    /// The herald pattern whose `lossless` credit the engine spent on a message of herald
+    /// topic `topic`: the first `lossless` subscription whose pattern matches it in herald's
+    /// terms, as the engine chooses, whether or not MQTT's rules then send the message.
+    fn charged(&self, topic: &str) -> Option<Arc<str>> {
+        self.subs
+            .iter()
+            .filter(|sub| sub.lossless)
+            .flat_map(|sub| &sub.patterns)
+            .find(|p| matches(p, topic))
+            .map(|p| Arc::from(p.as_str()))
     }
 
     fn problem(&self, reason: &'static str) -> ProblemInfo<'static> {
@@ -264,7 +292,14 @@ pub struct Encoder {
     framing: Framing,
     retained: Arc<RetainedStore>,
     state: Arc<Mutex<Outbound>>,
+    unspent: OnceLock<UnspentCredit>,
 }
+
+/// Gives a herald pattern's `lossless` credit back to the engine for a message the engine
+/// charged to it and the connection did not send. Called while the connection's queue is
+/// drained, under its locks: it must not wait for the engine (the session's hook hands the
+/// credit to a task).
+pub type UnspentCredit = Box<dyn Fn(Arc<str>) + Send + Sync>;
 
 impl Encoder {
     pub fn new(
@@ -276,6 +311,19 @@ impl Encoder {
             framing,
             retained,
             state,
+            unspent: OnceLock::new(),
+        }
+    }
+
+    /// Sets how credit the connection did not spend goes back (once: later calls are
+    /// ignored).
+    pub fn on_unspent_credit(&self, give_back: UnspentCredit) {
+        let _ = self.unspent.set(give_back);
+    }
+
+    fn give_back(&self, credit: Option<Arc<str>>) {
+        if let (Some(pattern), Some(give_back)) = (credit, self.unspent.get()) {
+            give_back(pattern);
         }
     }
 
@@ -299,7 +347,9 @@ impl Encoder {
         }
     }
 
-    /// A PUBLISH of `name` for this connection, `packet_id` set when `qos` is 1.
+    /// A PUBLISH of `name` for this connection, `packet_id` set when `qos` is 1; 5.0: `lost`
+    /// announces the messages of its topic lost before it ([`GAP_PROPERTY`]).
+    #[allow(clippy::too_many_arguments)]
     fn publish(
         &self,
         s: &Outbound,
@@ -308,12 +358,21 @@ impl Encoder {
         qos: QoS,
         packet_id: u16,
         retain: bool,
+        dup: bool,
+        lost: Option<Lost>,
     ) -> Frame {
-        let prepared = Prepared::new(s.version, name, &m.properties(), m.payload.clone());
+        let mut properties = m.properties();
+        if let Some(lost) = lost {
+            properties
+                .user_properties
+                .push((GAP_PROPERTY.into(), lost.value()));
+        }
+        let prepared = Prepared::new(s.version, name, &properties, m.payload.clone());
         let delivery = Delivery {
             qos,
             packet_id,
             retain,
+            dup,
             ..Delivery::default()
         };
         match prepared.head(&delivery) {
@@ -346,25 +405,104 @@ impl Encoder {
     }
 
     /// Appends the retained messages `sub` matches, retain flag set, at the lower of their
-    /// QoS and its own.
+    /// QoS and its own (QoS 1 ones as the receive maximum lets them go).
     fn retained_for(&self, s: &mut Outbound, sub: &Sub, out: &mut BytesMut) {
         for (name, message) in self.retained.matching(&sub.filter) {
-            let qos = message.qos.min(sub.qos);
-            let packet_id = match qos {
-                QoS::AtMostOnce => 0,
-                _ => match s.packet_id(None) {
-                    Some(id) => id,
-                    None => continue,
-                },
+            let frame = match message.qos.min(sub.qos) {
+                QoS::AtMostOnce => {
+                    let m = Publishable::from(&message);
+                    let qos = QoS::AtMostOnce;
+                    self.publish(s, &name, &m, qos, 0, true, false, None)
+                }
+                _ => self.send_qos1(s, Held::Retained { name, message }, None),
             };
-            let m = Publishable::from(&message);
-            let frame = self.publish(s, &name, &m, qos, packet_id, true);
-            if frame.is_empty() && qos != QoS::AtMostOnce {
-                s.in_flight.remove(&packet_id);
-            }
             out.put_slice(&frame.head);
             out.put_slice(&frame.body);
         }
+    }
+
+    /// The QoS 1 PUBLISH of `held`, recorded in flight, if the client has room; else it waits
+    /// behind the others. Not sent at all when larger than the client accepts: its credit goes
+    /// back, and its topic's next message announces the loss.
+    fn send_qos1(&self, s: &mut Outbound, held: Held, credit: Option<Arc<str>>) -> Frame {
+        if !s.flow.has_room() {
+            s.flow.wait(held, credit);
+            return Frame::default();
+        }
+        self.send_now(s, held, credit)
+    }
+
+    /// [`Encoder::send_qos1`] with room for `held` (so fewer than 65,535 messages in flight,
+    /// and an identifier free).
+    fn send_now(&self, s: &mut Outbound, held: Held, credit: Option<Arc<str>>) -> Frame {
+        let packet_id = s.flow.free_id();
+        let frame = match packet_id {
+            Some(id) => self.held_publish(s, &held, id, false),
+            None => Frame::default(),
+        };
+        let (Some(packet_id), false) = (packet_id, frame.is_empty()) else {
+            if let Some(topic) = held.topic() {
+                s.gaps.add(topic, Lost::Count(1));
+            }
+            self.give_back(credit);
+            return frame;
+        };
+        s.flow.sent(packet_id, held, credit);
+        frame
+    }
+
+    /// The QoS 1 PUBLISH of `held` with `packet_id`, with the loss to announce on its topic.
+    fn held_publish(&self, s: &mut Outbound, held: &Held, packet_id: u16, dup: bool) -> Frame {
+        let topic = held.topic();
+        let lost = topic.and_then(|t| s.gaps.take(t));
+        let qos = QoS::AtLeastOnce;
+        let frame = match held {
+            Held::Live(m) => match to_mqtt_topic(m.topic()) {
+                Some(name) => {
+                    let p = Publishable::from(m);
+                    self.publish(s, &name, &p, qos, packet_id, false, dup, lost)
+                }
+                None => Frame::default(),
+            },
+            Held::Retained { name, message } => {
+                let p = Publishable::from(message);
+                self.publish(s, name, &p, qos, packet_id, true, dup, lost)
+            }
+        };
+        if let (true, Some(topic), Some(lost)) = (frame.is_empty(), topic, lost) {
+            s.gaps.add(topic, lost);
+        }
+        frame
+    }
+
+    /// The QoS 1 messages that were waiting and the room an acknowledgement made lets go.
+    pub fn release(&self, s: &mut Outbound) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        while let Some((held, credit)) = s.flow.next_waiting() {
+            let frame = self.send_now(s, held, credit);
+            if !frame.is_empty() {
+                frames.push(frame);
+            }
+        }
+        frames
+    }
+
+    /// The QoS 1 PUBLISH packets in flight, sent again with DUP set and their packet
+    /// identifiers, in the order first sent (§4.4: a resumed session), then what now has room.
+    pub fn resend(&self, s: &mut Outbound) -> Vec<Frame> {
+        let unacknowledged: Vec<(u16, Held)> = s
+            .flow
+            .unacknowledged()
+            .into_iter()
+            .map(|(id, held)| (id, held.clone()))
+            .collect();
+        let mut frames: Vec<Frame> = unacknowledged
+            .iter()
+            .map(|(id, held)| self.held_publish(s, held, *id, true))
+            .filter(|frame| !frame.is_empty())
+            .collect();
+        frames.extend(self.release(s));
+        frames
     }
 
     fn frame_bytes(&self, packet: Bytes) -> Bytes {
@@ -578,46 +716,51 @@ fn shared_head(
 
 impl Encoder {
     /// The PUBLISH this connection is sent for `message`, or an empty frame when it is not
-    /// sent one (a name MQTT cannot carry, a `$` topic under a leading wildcard, no credit,
-    /// larger than the client's maximum packet size).
+    /// sent one (a name MQTT cannot carry, a `$` topic under a leading wildcard, already
+    /// delivered, larger than the client's maximum packet size) or not yet (QoS 1 waiting for
+    /// room). Credit the engine charged for a message not sent goes back.
     fn publish_of(&self, message: &Message) -> Frame {
-        let Some(name) = to_mqtt_topic(message.topic()) else {
-            return Frame::default();
-        };
         let mut s = self.state.lock();
-        let Some((qos, credit)) = s.route(&name, message.topic()) else {
+        let credit = match s.uncredited {
+            0 => s.charged(message.topic()),
+            _ => {
+                s.uncredited -= 1;
+                None
+            }
+        };
+        let name = to_mqtt_topic(message.topic());
+        let qos = name.as_deref().and_then(|name| s.route(name));
+        let new = s.seen.as_mut().is_none_or(|seen| seen.delivered(message));
+        let (Some(name), Some(qos), true) = (name, qos, new) else {
+            self.give_back(credit);
             return Frame::default();
         };
-        if qos == QoS::AtMostOnce {
-            let all = message.encoded(SLOT, shared_heads);
-            if all.is_empty() {
-                return Frame::default();
-            }
-            let (head, packet_len) =
-                shared_head(&all.head, all.body.len(), s.version, self.framing);
-            if packet_len > s.maximum_packet_size as usize {
-                return Frame::default();
-            }
-            return Frame {
-                head,
-                body: all.body,
-            };
+        if qos != QoS::AtMostOnce {
+            return self.send_qos1(&mut s, Held::Live(message.clone()), credit);
         }
-        let Some(packet_id) = s.packet_id(credit) else {
+        // QoS 0 (a lossless pattern may match it in herald's terms, a QoS 0 filter in MQTT's).
+        self.give_back(credit);
+        if let Some(lost) = s.gaps.take(message.topic()) {
+            let p = Publishable::from(message);
+            let frame = self.publish(&s, &name, &p, qos, 0, false, false, Some(lost));
+            if frame.is_empty() {
+                s.gaps.add(message.topic(), lost.and(Lost::Count(1)));
+            }
+            return frame;
+        }
+        let all = message.encoded(SLOT, shared_heads);
+        if all.is_empty() {
             return Frame::default();
-        };
-        let frame = self.publish(
-            &s,
-            &name,
-            &Publishable::from(message),
-            qos,
-            packet_id,
-            false,
-        );
-        if frame.is_empty() {
-            s.in_flight.remove(&packet_id);
         }
-        frame
+        let (head, packet_len) = shared_head(&all.head, all.body.len(), s.version, self.framing);
+        if packet_len > s.maximum_packet_size as usize {
+            s.gaps.add(message.topic(), Lost::Count(1));
+            return Frame::default();
+        }
+        Frame {
+            head,
+            body: all.body,
+        }
     }
 }
 
@@ -636,12 +779,24 @@ impl Encode for Encoder {
                 Some(tag) => self.published(&mut s, tag, Ok(())),
                 None => Frame::default(),
             },
-            Reply::Subscribed { id: Some(id), .. } | Reply::Unsubscribed { id: Some(id), .. } => {
+            Reply::Subscribed {
+                id: Some(id),
+                topic,
+                cursor,
+                ..
+            } => {
+                if let Some(seen) = s.seen.as_mut() {
+                    seen.subscribed(topic, cursor);
+                }
                 match Tag::of(id) {
                     Some(tag) => self.answered(&mut s, tag, None),
                     None => Frame::default(),
                 }
             }
+            Reply::Unsubscribed { id: Some(id), .. } => match Tag::of(id) {
+                Some(tag) => self.answered(&mut s, tag, None),
+                None => Frame::default(),
+            },
             Reply::Error {
                 id: Some(id), code, ..
             } => match Tag::of(id) {
@@ -659,9 +814,10 @@ impl Encode for Encoder {
         }
     }
 
-    /// MQTT has no notice of lost messages: a QoS 0 subscriber's dropped messages are simply
-    /// not sent (`docs/mqtt.md`).
-    fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
+    /// MQTT has no notice of lost messages: 5.0 marks the topic's next message instead
+    /// ([`GAP_PROPERTY`]); 3.1.1 loses them without a word (`docs/mqtt.md`).
+    fn dropped(&self, topic: &str, count: u64, _: DropReason) -> Frame {
+        self.state.lock().gaps.add(topic, Lost::Count(count));
         Frame::default()
     }
 }

@@ -79,7 +79,8 @@ async fn serve(config: Config) -> SocketAddr {
     })
     .unwrap();
     tokio::spawn(async move {
-        let stomp = |node: &Node| StompSession::new(Settings::of(&node.config), Framing::Stream);
+        let stomp =
+            |node: &Arc<Node>| StompSession::new(Settings::of(&node.config), Framing::Stream);
         listener::serve_stream(tcp, node, stomp, std::future::pending()).await
     });
     addr
