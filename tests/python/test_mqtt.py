@@ -48,15 +48,29 @@ def herald():
 
 
 class Client:
-    """A Paho client whose received messages land in a queue."""
+    """A Paho client whose received messages land in a queue. `session`: seconds its session
+    outlives the connection (5.0 session expiry; 3.1.1: clean session 0), none by default."""
 
-    def __init__(self, server: Herald, version: str = "5.0", transport: str = "tcp", will=None):
+    def __init__(
+        self,
+        server: Herald,
+        version: str = "5.0",
+        transport: str = "tcp",
+        will=None,
+        client_id: str | None = None,
+        session: int = 0,
+        clean: bool = True,
+        will_delay: int = 0,
+        receive_maximum: int | None = None,
+    ):
         self.version = VERSIONS[version]
+        v5 = self.version == mqtt.MQTTv5
         self.c = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
-            client_id=f"t-{uuid.uuid4().hex[:8]}",
+            client_id=client_id or f"t-{uuid.uuid4().hex[:8]}",
             protocol=self.version,
             transport=transport,
+            **({} if v5 else {"clean_session": clean and not session}),
         )
         if transport == "websockets":
             self.c.ws_set_options(path="/mqtt")
@@ -64,18 +78,32 @@ class Client:
         else:
             port = server.mqtt_port
         if will:
-            self.c.will_set(*will)
+            props = None
+            if will_delay:
+                props = Properties(PacketTypes.WILLMESSAGE)
+                props.WillDelayInterval = will_delay
+            self.c.will_set(*will, properties=props)
         self.messages: queue.Queue = queue.Queue()
         self.subacks: queue.Queue = queue.Queue()
         self.connacks: queue.Queue = queue.Queue()
+        self.disconnects: queue.Queue = queue.Queue()
         self.c.on_message = lambda c, u, m: self.messages.put(m)
         self.c.on_subscribe = lambda c, u, mid, codes, props: self.subacks.put(codes)
-        self.c.on_connect = lambda c, u, flags, reason, props: self.connacks.put(reason)
-        kwargs = {"clean_start": True} if self.version == mqtt.MQTTv5 else {}
+        self.c.on_connect = lambda c, u, flags, reason, props: self.connacks.put((reason, flags, props))
+        self.c.on_disconnect = lambda c, u, flags, reason, props: self.disconnects.put(reason)
+        kwargs = {}
+        if v5:
+            props = Properties(PacketTypes.CONNECT)
+            if session:
+                props.SessionExpiryInterval = session
+            if receive_maximum:
+                props.ReceiveMaximum = receive_maximum
+            kwargs = {"clean_start": clean, "properties": props}
         self.c.connect("127.0.0.1", port, keepalive=30, **kwargs)
         self.c.loop_start()
-        reason = self.connacks.get(timeout=STEP)
+        reason, flags, self.connack = self.connacks.get(timeout=STEP)
         assert not reason.is_failure, reason
+        self.session_present = flags.session_present
 
     def subscribe(self, topic: str, qos: int = 0, **options):
         if self.version == mqtt.MQTTv5:
@@ -97,9 +125,14 @@ class Client:
         with pytest.raises(queue.Empty):
             self.messages.get(timeout=wait)
 
-    def close(self):
-        self.c.disconnect()
+    def close(self, **disconnect):
+        self.c.disconnect(**disconnect)
         self.c.loop_stop()
+
+    def drop(self):
+        """Ends the connection without DISCONNECT."""
+        self.c.loop_stop()
+        self.c.socket().close()
 
 
 def granted(codes) -> list[int]:
@@ -328,3 +361,201 @@ def test_mosquitto_clients(herald, version):
     out, err = sub.communicate(timeout=STEP)
     assert sub.returncode == 0, err
     assert out.decode().splitlines() == [f"{topic}/t m{i}" for i in range(3)]
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions (docs/mqtt.md, "Sessions")
+# --------------------------------------------------------------------------------------------
+
+
+def away(version: str) -> dict:
+    """The options of a client whose session outlives its connection, in its version."""
+    return {"session": 60, "clean": False}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_session_keeps_its_subscriptions_and_messages_while_the_client_is_away(herald, version):
+    topic = f"away/{version}"
+    cid = f"keep-{uuid.uuid4().hex[:8]}"
+    sub = Client(herald, version, client_id=cid, **away(version))
+    assert not sub.session_present
+    assert granted(sub.subscribe(f"{topic}/#", qos=1)) == [1]
+    sub.close()
+    pub = Client(herald, "5.0")
+    for i in range(3):
+        pub.publish(f"{topic}/a", f"m{i}".encode(), qos=1)
+    back = Client(herald, version, client_id=cid, **away(version))
+    assert back.session_present
+    got = [back.message() for _ in range(3)]
+    assert [(m.topic, m.payload, m.qos) for m in got] == [(f"{topic}/a", f"m{i}".encode(), 1) for i in range(3)]
+    # Subscribed still, with no new SUBSCRIBE.
+    pub.publish(f"{topic}/b", b"live", qos=0)
+    assert back.message().payload == b"live"
+    back.nothing()
+    # A clean start discards the session.
+    back.close()
+    fresh = Client(herald, version, client_id=cid)
+    assert not fresh.session_present
+    pub.publish(f"{topic}/a", b"gone")
+    fresh.nothing()
+    for c in (fresh, pub):
+        c.close()
+
+
+def metric(server: Herald, name: str) -> float:
+    import requests
+
+    text = requests.get(f"{server.http}/metrics", timeout=STEP).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_a_session_expires_by_its_timer_and_disconnect_may_extend_it(herald):
+    cid = f"exp-{uuid.uuid4().hex[:8]}"
+    before = metric(herald, "herald_subscriptions")
+    c = Client(herald, "5.0", client_id=cid, session=1, clean=False)
+    c.subscribe("exp/t", qos=1)
+    c.close()
+    time.sleep(0.2)
+    assert metric(herald, "herald_subscriptions") == before + 1, "kept while the client is away"
+    deadline = time.monotonic() + STEP
+    while metric(herald, "herald_subscriptions") != before:
+        assert time.monotonic() < deadline, "the session's subscription outlived its expiry"
+        time.sleep(0.1)
+    late = Client(herald, "5.0", client_id=cid, session=1, clean=False)
+    assert not late.session_present
+    # DISCONNECT's session expiry replaces the CONNECT's.
+    late.subscribe("exp/t", qos=1)
+    props = Properties(PacketTypes.DISCONNECT)
+    props.SessionExpiryInterval = 30
+    late.close(properties=props)
+    time.sleep(1.5)
+    again = Client(herald, "5.0", client_id=cid, session=1, clean=False)
+    assert again.session_present
+    again.close()
+
+
+def test_a_session_expiry_past_the_maximum_is_cut_to_it(herald):
+    c = Client(herald, "5.0", session=0xFFFFFFFF)
+    assert c.connack.SessionExpiryInterval == 86400
+    c.close()
+
+
+def test_a_second_connection_with_the_same_identifier_takes_the_session_over(herald):
+    cid = f"dup-{uuid.uuid4().hex[:8]}"
+    first = Client(herald, "5.0", client_id=cid, session=60)
+    first.subscribe("over/#", qos=1)
+    second = Client(herald, "5.0", client_id=cid, session=60, clean=False)
+    assert second.session_present
+    assert first.disconnects.get(timeout=STEP).value == 0x8E
+    first.c.loop_stop()  # Paho would connect again, and take the session back
+    pub = Client(herald, "3.1.1")
+    pub.publish("over/x", b"to-the-second", qos=1)
+    assert second.message().payload == b"to-the-second"
+    first.nothing()
+    for c in (second, pub):
+        c.close()
+
+
+def test_client_identifier_rules(herald):
+    # 3.1.1: an empty identifier only with a clean session (else CONNACK 0x02).
+    s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+    body = b"\x00\x04MQTT\x04\x00\x00\x1e\x00\x00"
+    s.sendall(bytes([0x10, len(body)]) + body)
+    assert s.recv(4) == b"\x20\x02\x00\x02"
+    assert closed(s)
+    s.close()
+    # 5.0: herald assigns one.
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="", protocol=mqtt.MQTTv5)
+    props: queue.Queue = queue.Queue()
+    c.on_connect = lambda c, u, flags, reason, p: props.put(p)
+    c.connect("127.0.0.1", herald.mqtt_port, clean_start=True)
+    c.loop_start()
+    assigned = props.get(timeout=STEP).AssignedClientIdentifier
+    assert assigned.startswith("herald-")
+    c.disconnect()
+    c.loop_stop()
+
+
+def test_unacknowledged_messages_are_sent_again_with_dup_in_order(herald):
+    def connect(cid: bytes) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+        body = b"\x00\x04MQTT\x04\x00\x00\x1e" + len(cid).to_bytes(2, "big") + cid
+        s.sendall(bytes([0x10, len(body)]) + body)
+        return s
+
+    def packet(s: socket.socket) -> tuple[int, bytes]:
+        first, length = s.recv(1)[0], s.recv(1)[0]
+        body = b""
+        while len(body) < length:
+            body += s.recv(length - len(body))
+        return first, body
+
+    cid = f"dup-{uuid.uuid4().hex[:8]}".encode()
+    s = connect(cid)
+    assert packet(s) == (0x20, b"\x00\x00")
+    s.sendall(b"\x82\x08\x00\x01\x00\x03d/t\x01")
+    assert packet(s) == (0x90, b"\x00\x01\x01")
+    pub = Client(herald, "3.1.1")
+    for p in (b"x", b"y"):
+        pub.publish("d/t", p, qos=1)
+    first = [packet(s) for _ in range(2)]
+    assert [f for f, _ in first] == [0x32, 0x32]
+    s.close()  # without acknowledging
+    s = connect(cid)
+    assert packet(s) == (0x20, b"\x01\x00"), "session present"
+    again = [packet(s) for _ in range(2)]
+    assert again == [(0x3A, body) for _, body in first], "the same packets, DUP set, in order"
+    s.close()
+    pub.close()
+
+
+def test_will_delay_and_disconnect_with_will(herald):
+    sub = Client(herald, "5.0")
+    sub.subscribe("wd/#", qos=1)
+    # Published once the delay passes, not before.
+    dying = Client(herald, "5.0", will=("wd/late", b"late", 1, False), will_delay=1, session=10)
+    dying.drop()
+    sub.nothing(0.6)
+    assert sub.message().topic == "wd/late"
+    # Not published at all when the client comes back within the delay.
+    cid = f"wd-{uuid.uuid4().hex[:8]}"
+    back = Client(herald, "5.0", client_id=cid, will=("wd/back", b"x", 1, False), will_delay=2, session=10)
+    back.drop()
+    time.sleep(0.3)
+    returned = Client(herald, "5.0", client_id=cid, session=10, clean=False)
+    assert returned.session_present
+    sub.nothing(2.2)
+    returned.close()
+    # DISCONNECT 0x04 asks for the will.
+    asked = Client(herald, "5.0", will=("wd/asked", b"asked", 1, False))
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    asked.close(reasoncode=ReasonCode(PacketTypes.DISCONNECT, "Disconnect with will message"))
+    assert sub.message().topic == "wd/asked"
+    sub.close()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_messages_lost_while_away_are_announced_on_the_next_one(herald, version):
+    topic = f"gap/{version}"
+    cid = f"gap-{uuid.uuid4().hex[:8]}"
+    sub = Client(herald, version, client_id=cid, **away(version))
+    sub.subscribe(topic, qos=1)
+    sub.close()
+    pub = Client(herald, "5.0")
+    for i in range(1003):
+        pub.c.publish(topic, str(i).encode(), qos=0)
+    pub.publish(topic, b"1003", qos=1)  # after the others, acknowledged once all are in
+    back = Client(herald, version, client_id=cid, **away(version))
+    got = [back.message() for _ in range(1000)]
+    # The session keeps the newest 1,000 (mqtt_session_queue_messages).
+    assert [int(m.payload) for m in got] == list(range(4, 1004))
+    if version == "5.0":
+        assert got[0].properties.UserProperty == [("herald-gap", "4")]
+        assert not hasattr(got[1].properties, "UserProperty")
+    back.nothing()
+    for c in (back, pub):
+        c.close()
