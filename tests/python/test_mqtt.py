@@ -62,6 +62,7 @@ class Client:
         clean: bool = True,
         will_delay: int = 0,
         receive_maximum: int | None = None,
+        manual_ack: bool = False,
     ):
         self.version = VERSIONS[version]
         v5 = self.version == mqtt.MQTTv5
@@ -70,6 +71,7 @@ class Client:
             client_id=client_id or f"t-{uuid.uuid4().hex[:8]}",
             protocol=self.version,
             transport=transport,
+            manual_ack=manual_ack,
             **({} if v5 else {"clean_session": clean and not session}),
         )
         if transport == "websockets":
@@ -479,6 +481,30 @@ def test_client_identifier_rules(herald):
     c.loop_stop()
 
 
+def mqtt_packets(s: socket.socket, n: int) -> list[tuple[int, bytes]]:
+    """The next `n` packets the server sends on `s`: first byte, and what follows the length."""
+
+    def exactly(k: int) -> bytes:
+        data = b""
+        while len(data) < k:
+            chunk = s.recv(k - len(data))
+            assert chunk, "the connection ended"
+            data += chunk
+        return data
+
+    packets = []
+    for _ in range(n):
+        first, length, shift = exactly(1)[0], 0, 0
+        while True:
+            byte = exactly(1)[0]
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        packets.append((first, exactly(length)))
+    return packets
+
+
 def test_unacknowledged_messages_are_sent_again_with_dup_in_order(herald):
     def connect(cid: bytes) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
@@ -486,27 +512,20 @@ def test_unacknowledged_messages_are_sent_again_with_dup_in_order(herald):
         s.sendall(bytes([0x10, len(body)]) + body)
         return s
 
-    def packet(s: socket.socket) -> tuple[int, bytes]:
-        first, length = s.recv(1)[0], s.recv(1)[0]
-        body = b""
-        while len(body) < length:
-            body += s.recv(length - len(body))
-        return first, body
-
     cid = f"dup-{uuid.uuid4().hex[:8]}".encode()
     s = connect(cid)
-    assert packet(s) == (0x20, b"\x00\x00")
+    assert mqtt_packets(s, 1) == [(0x20, b"\x00\x00")]
     s.sendall(b"\x82\x08\x00\x01\x00\x03d/t\x01")
-    assert packet(s) == (0x90, b"\x00\x01\x01")
+    assert mqtt_packets(s, 1) == [(0x90, b"\x00\x01\x01")]
     pub = Client(herald, "3.1.1")
     for p in (b"x", b"y"):
         pub.publish("d/t", p, qos=1)
-    first = [packet(s) for _ in range(2)]
+    first = mqtt_packets(s, 2)
     assert [f for f, _ in first] == [0x32, 0x32]
     s.close()  # without acknowledging
     s = connect(cid)
-    assert packet(s) == (0x20, b"\x01\x00"), "session present"
-    again = [packet(s) for _ in range(2)]
+    assert mqtt_packets(s, 1) == [(0x20, b"\x01\x00")], "session present"
+    again = mqtt_packets(s, 2)
     assert again == [(0x3A, body) for _, body in first], "the same packets, DUP set, in order"
     s.close()
     pub.close()
@@ -559,3 +578,40 @@ def test_messages_lost_while_away_are_announced_on_the_next_one(herald, version)
     back.nothing()
     for c in (back, pub):
         c.close()
+
+
+def test_the_receive_maximum_bounds_the_connection_not_each_subscription(herald):
+    sub = Client(herald, "5.0", receive_maximum=2, manual_ack=True)
+    for t in ("rm/1", "rm/2"):
+        assert granted(sub.subscribe(t, qos=1)) == [1]
+    pub = Client(herald, "5.0")
+    for t, p in (("rm/1", b"a"), ("rm/2", b"b"), ("rm/1", b"c"), ("rm/2", b"d")):
+        pub.publish(t, p, qos=1)  # accepted: herald keeps what the client has no room for
+    first, second = sub.message(), sub.message()
+    assert (first.payload, second.payload) == (b"a", b"b")
+    sub.nothing()
+    sub.c.ack(first.mid, first.qos)
+    assert sub.message().payload == b"c"
+    sub.nothing()
+    sub.c.ack(second.mid, second.qos)
+    assert sub.message().payload == b"d"
+    for c in (sub, pub):
+        c.close()
+
+
+def test_more_qos2_messages_awaiting_release_than_the_receive_maximum_disconnect(herald):
+    s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+    body = b"\x00\x04MQTT\x05\x02\x00\x1e\x00\x00\x02rm"
+    s.sendall(bytes([0x10, len(body)]) + body)
+    connack = s.recv(64)
+    assert connack[:4] == b"\x20" + bytes([connack[1]]) + b"\x00\x00"
+    assert b"\x21\x04\x00" in connack, "receive maximum 1024 announced"
+    # QoS 2 PUBLISH packets whose PUBREL never comes: the 1,025th is one too many.
+    publish = [bytes([0x34, 7, 0, 2]) + b"q2" + i.to_bytes(2, "big") + b"\x00" for i in range(1, 1026)]
+    s.sendall(b"".join(publish[:1024]))
+    assert [first for first, _ in mqtt_packets(s, 1024)] == [0x50] * 1024, "a PUBREC each"
+    s.sendall(publish[1024])
+    [(first, body)] = mqtt_packets(s, 1)
+    assert (first, body[0]) == (0xE0, 0x93), "DISCONNECT, receive maximum exceeded"
+    assert closed(s)
+    s.close()

@@ -489,6 +489,7 @@ impl Encoder {
 
     /// The QoS 1 PUBLISH packets in flight, sent again with DUP set and their packet
     /// identifiers, in the order first sent (§4.4: a resumed session), then what now has room.
+    /// One too large for this connection's client is no longer in flight, and counts as lost.
     pub fn resend(&self, s: &mut Outbound) -> Vec<Frame> {
         let unacknowledged: Vec<(u16, Held)> = s
             .flow
@@ -496,11 +497,18 @@ impl Encoder {
             .into_iter()
             .map(|(id, held)| (id, held.clone()))
             .collect();
-        let mut frames: Vec<Frame> = unacknowledged
-            .iter()
-            .map(|(id, held)| self.held_publish(s, held, *id, true))
-            .filter(|frame| !frame.is_empty())
-            .collect();
+        let mut frames = Vec::new();
+        for (id, held) in unacknowledged {
+            let frame = self.held_publish(s, &held, id, true);
+            if !frame.is_empty() {
+                frames.push(frame);
+                continue;
+            }
+            s.flow.acknowledged(id);
+            if let Some(topic) = held.topic() {
+                s.gaps.add(topic, Lost::Count(1));
+            }
+        }
         frames.extend(self.release(s));
         frames
     }
