@@ -12,12 +12,14 @@
 //!   as for any `drop` subscriber. Publishers never wait for a client that is away: the
 //!   parked subscriptions are not `lossless`. QoS 0 subscriptions are kept but nothing is
 //!   queued for them (the specification lets a server choose).
-//! - **Between the connection and the queue**, nothing may fall: messages the engine queued
-//!   for the ending connection but that were never written. The session knows the position it
-//!   delivered on every topic ([`Seen`]); the parked connection subscribes with herald's
-//!   `since` from those positions (and, for topics it was sent nothing on, from its
-//!   subscription's cursor), so what the engine's history holds past them is replayed into
-//!   the queue, and what it no longer holds is reported as a gap.
+//! - **Between the connection and the queue**, nothing may fall. What the ending connection
+//!   had queued and never written is taken from its queue and kept, first. What its queue
+//!   lost beyond that (a slow consumer's backlog is discarded when it is cut off) is recovered
+//!   with herald's `since`: the session knows the position it delivered on every topic
+//!   ([`super::delivery::Seen`]), and the parked connection subscribes from those positions
+//!   (and, for topics it was sent nothing on, from its subscription's cursor), so that what
+//!   the engine's history holds past them is replayed into the queue, and what it no longer
+//!   holds is reported as a gap.
 //! - **When the client comes back**, under the engine's lock (no message can slip between):
 //!   the new connection subscribes to the session's patterns as its SUBSCRIBEs did, the QoS 1
 //!   messages it had in flight are sent again with DUP set in their order (§4.4), the parked
@@ -132,6 +134,7 @@ pub fn join(
 /// when another connection took the session over.
 pub fn leave(
     node: &Arc<Node>,
+    conn: &Connection,
     client_id: &str,
     generation: u64,
     state: &Mutex<Outbound>,
@@ -152,8 +155,18 @@ pub fn leave(
         will => (will, None),
     };
     let delay = delayed.as_ref().map(|will| will.delay);
-    let kept = state.lock().take_session();
-    let parked = park(node, kept, store.generation(), delayed);
+    let parked = {
+        let mut engine = node.engine.lock();
+        let unsent = unsent(conn);
+        park(
+            node,
+            &mut engine,
+            unsent,
+            state,
+            store.generation(),
+            delayed,
+        )
+    };
     let watch = watch(
         Arc::downgrade(node),
         client_id.into(),
@@ -170,6 +183,10 @@ pub fn leave(
 /// session for the new one. A will without delay is published now (the old connection ended
 /// without DISCONNECT); a delayed one goes with the session.
 fn take_over(node: &Arc<Node>, old: Live) -> Parked {
+    // Under the engine's lock, so that nothing reaches the old connection between what is
+    // taken of its queue and its close.
+    let mut engine = node.engine.lock();
+    let unsent = unsent(&old.conn);
     if old.version == Version::V5 {
         let info = ProblemInfo {
             reason_string: Some("another connection took this session over"),
@@ -180,7 +197,6 @@ fn take_over(node: &Arc<Node>, old: Live) -> Parked {
     }
     old.conn
         .close(Disconnect::TakenOver, 1000, "session taken over");
-    let kept = old.state.lock().take_session();
     let will = match old.will {
         Some(will) if will.delay == 0 => {
             tokio::spawn(publish_will(node.clone(), will));
@@ -188,12 +204,31 @@ fn take_over(node: &Arc<Node>, old: Live) -> Parked {
         }
         will => will,
     };
-    park(node, kept, old.generation, will)
+    park(node, &mut engine, unsent, &old.state, old.generation, will)
 }
 
-/// Parks a session: an engine connection without a socket takes its QoS 1 subscriptions,
-/// recovering from the positions the session delivered what its connection was never sent.
-fn park(node: &Node, kept: Kept, generation: u64, will: Option<Will>) -> Parked {
+/// What `conn` queued and never sent (messages, and the losses its `drop` policy counted),
+/// taken from its queue.
+fn unsent(conn: &Connection) -> (Vec<Message>, Gaps) {
+    let unsent = Collector::default();
+    conn.drain_with(&unsent);
+    unsent.take()
+}
+
+/// Parks the session in `state`, whose connection has gone or is closing, with what that
+/// connection queued and never sent (`unsent`): an engine connection without a socket takes
+/// the session's QoS 1 subscriptions, recovering from the positions the session delivered
+/// what its connection lost beyond that (a slow consumer's discarded backlog).
+fn park(
+    node: &Node,
+    engine: &mut Engine<Arc<Connection>>,
+    (unsent, gaps): (Vec<Message>, Gaps),
+    state: &Mutex<Outbound>,
+    generation: u64,
+    will: Option<Will>,
+) -> Parked {
+    let mut kept = state.lock().take_session();
+    kept.gaps.merge(gaps);
     let patterns = lossless_patterns(&kept);
     let queue = (!patterns.is_empty()).then(|| {
         let collector = Arc::new(Collector::default());
@@ -209,7 +244,6 @@ fn park(node: &Node, kept: Kept, generation: u64, will: Option<Will>) -> Parked 
             limits,
             node.metrics.clone(),
         );
-        let mut engine = node.engine.lock();
         let id = engine.connect(conn.clone());
         for pattern in patterns {
             let (since, cursor) = kept.seen.recovery(&pattern);
@@ -223,7 +257,7 @@ fn park(node: &Node, kept: Kept, generation: u64, will: Option<Will>) -> Parked 
             // A refusal (a limit reached) leaves that pattern unqueued.
             let _ = engine.handle(id, Request::Subscribe(subscribe), now_us());
         }
-        interest_changed(node, &mut engine);
+        interest_changed(node, engine);
         Queue {
             id,
             conn,
@@ -233,6 +267,7 @@ fn park(node: &Node, kept: Kept, generation: u64, will: Option<Will>) -> Parked 
     Parked {
         generation,
         kept,
+        unsent,
         queue,
         will,
     }
@@ -253,7 +288,10 @@ fn lossless_patterns(kept: &Kept) -> Vec<String> {
 /// Resumes a parked session on the joining connection (see the module's doc for the order).
 fn resume(node: &Node, cx: &mut Context<'_>, joining: &Joining<'_>, parked: Parked) {
     let Parked {
-        mut kept, queue, ..
+        mut kept,
+        unsent,
+        queue,
+        ..
     } = parked;
     // A subscription the new connection's token does not grant as it was is not resumed.
     kept.subs.retain(|sub| {
@@ -287,7 +325,9 @@ fn resume(node: &Node, cx: &mut Context<'_>, joining: &Joining<'_>, parked: Park
         // A refusal (a limit reached) leaves that pattern without messages.
         let _ = engine.handle(cx.id, Request::Subscribe(subscribe), now_us());
     }
-    let (mut messages, gaps) = queue.map_or_else(Default::default, |q| take_queue(&mut engine, q));
+    let (kept_away, gaps) = queue.map_or_else(Default::default, |q| take_queue(&mut engine, q));
+    let mut messages = unsent;
+    messages.extend(kept_away);
     interest_changed(node, &mut engine);
     let frames = {
         let mut s = joining.state.lock();

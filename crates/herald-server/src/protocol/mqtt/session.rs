@@ -666,6 +666,7 @@ impl Protocol for Mqtt {
         let will = c.will.filter(|_| !c.clean_end);
         let now = persist::leave(
             &self.node,
+            cx.conn,
             &c.client_id,
             c.generation,
             &self.state,
@@ -1174,5 +1175,43 @@ mod tests {
         let mut publisher = connected(&node, 4).await;
         publisher.send(&publish(4, 0, false, "o/x", 0, b"z")).await;
         assert_eq!(qos1_of(5, second.packet().await, false).1, b"z");
+    }
+
+    #[tokio::test]
+    async fn a_session_taken_over_from_a_client_that_stopped_reading_loses_nothing() {
+        let node = node().await;
+        let mut stuck = Client::new(&node).await;
+        stuck.send(&connect_persistent("stuck")).await;
+        assert_eq!(stuck.packet().await.0, 0x20);
+        stuck.send(&subscribe(4, 1, "big", 1)).await;
+        assert_eq!(stuck.packet().await.0, 0x90);
+        // More than the socket buffers hold: the rest waits in the connection's queue.
+        let mut publisher = connected(&node, 4).await;
+        for i in 0..100u8 {
+            let mut body = string("big");
+            body.extend(vec![i; 64 << 10]);
+            let mut packet = BytesMut::from(&[0x30][..]);
+            crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
+            packet.extend_from_slice(&body);
+            publisher.send(&packet).await;
+        }
+        publisher.send(&publish(4, 1, false, "x", 1, b"")).await;
+        assert_eq!(publisher.packet().await.0, 0x40, "all published");
+        let mut taker = Client::new(&node).await;
+        taker.send(&connect_persistent("stuck")).await;
+        assert_eq!(taker.packet().await, (0x20, vec![1, 0]), "session present");
+        let (mut got, mut again) = (Vec::new(), 0);
+        while got.len() < 100 {
+            let (first, body) = taker.packet().await;
+            assert_eq!(first & 0xF6, 0x32);
+            again += usize::from(first & 0x08 != 0);
+            got.push(body[7]);
+        }
+        assert_eq!(got, (0..100).collect::<Vec<u8>>(), "each once, in order");
+        assert!(
+            again > 0 && again < 100,
+            "{again} sent again (DUP), the others never sent before"
+        );
+        drop(stuck);
     }
 }

@@ -83,6 +83,9 @@ pub struct Live {
 pub struct Parked {
     pub generation: u64,
     pub kept: Kept,
+    /// What its last connection had queued and never sent, oldest first: sent before what
+    /// [`Parked::queue`] kept (a message in both, the session sends once).
+    pub unsent: Vec<Message>,
     /// What arrives for its QoS 1 subscriptions meanwhile (none without any).
     pub queue: Option<Queue>,
     /// The will, until it is published (after its delay, or when the session ends).
