@@ -267,6 +267,16 @@ impl Outbound {
             .max()
     }
 
+    /// Whether a subscription of the session still matches `held`.
+    fn routes(&self, held: &Held) -> bool {
+        match held {
+            Held::Live(m) => {
+                to_mqtt_topic(m.topic()).is_some_and(|name| self.route(&name).is_some())
+            }
+            Held::Retained { name, .. } => self.route(name).is_some(),
+        }
+    }
+
     /// The herald pattern whose `lossless` credit the engine spent on a message of herald
     /// topic `topic`: the first `lossless` subscription whose pattern matches it in herald's
     /// terms, as the engine chooses, whether or not MQTT's rules then send the message.
@@ -475,10 +485,15 @@ impl Encoder {
         frame
     }
 
-    /// The QoS 1 messages that were waiting and the room an acknowledgement made lets go.
+    /// The QoS 1 messages that were waiting and the room an acknowledgement made lets go (but
+    /// not those no subscription matches any more).
     pub fn release(&self, s: &mut Outbound) -> Vec<Frame> {
         let mut frames = Vec::new();
         while let Some((held, credit)) = s.flow.next_waiting() {
+            if !s.routes(&held) {
+                self.give_back(credit);
+                continue;
+            }
             let frame = self.send_now(s, held, credit);
             if !frame.is_empty() {
                 frames.push(frame);
@@ -489,7 +504,9 @@ impl Encoder {
 
     /// The QoS 1 PUBLISH packets in flight, sent again with DUP set and their packet
     /// identifiers, in the order first sent (§4.4: a resumed session), then what now has room.
-    /// One too large for this connection's client is no longer in flight, and counts as lost.
+    /// One no subscription of the session matches any more (one the new connection's token
+    /// does not grant) is no longer in flight; nor is one too large for this connection's
+    /// client, which counts as lost.
     pub fn resend(&self, s: &mut Outbound) -> Vec<Frame> {
         let unacknowledged: Vec<(u16, Held)> = s
             .flow
@@ -499,6 +516,10 @@ impl Encoder {
             .collect();
         let mut frames = Vec::new();
         for (id, held) in unacknowledged {
+            if !s.routes(&held) {
+                s.flow.acknowledged(id);
+                continue;
+            }
             let frame = self.held_publish(s, &held, id, true);
             if !frame.is_empty() {
                 frames.push(frame);
