@@ -390,11 +390,13 @@ mod tests {
             jail.set_env("HERALD_MAX_CONNECTIONS", "6");
             jail.set_env("HERALD_URL", "ws://ignored");
             jail.set_env("HERALD_MQTT_LISTEN", "127.0.0.1:1883");
+            jail.set_env("HERALD_MQTT_SESSION_EXPIRY_MAX_SECS", "60");
             let flags = serde_json::json!({ "listen": "127.0.0.1:9001" });
             let c = Config::load(Some(Path::new("herald.toml")), flags).unwrap();
             assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
             assert_eq!(c.mqtt_listen, Some("127.0.0.1:1883".parse().unwrap()));
             assert_eq!(Config::default().mqtt_listen, None);
+            assert_eq!(c.mqtt_session_expiry_max_secs, 60);
             assert_eq!(c.max_connections, 6);
             assert_eq!(c.max_outbound_bytes, 1000);
             assert!(c.transparent_huge_pages && !Config::default().transparent_huge_pages);

@@ -68,29 +68,20 @@ pub struct Joining<'a> {
     pub framing: Framing,
     pub state: &'a Arc<Mutex<Outbound>>,
     pub encoder: &'a Encoder,
-    /// The session's expiry as granted (seconds; 0: it ends with the connection).
-    pub expiry: u32,
     pub will: Option<Will>,
     pub receive_maximum: u16,
 }
 
-/// What joining came to.
-pub struct Joined {
-    /// An earlier session was resumed (CONNACK's session present).
-    pub session_present: bool,
-    /// This connection's hold on its session.
-    pub generation: u64,
-}
-
 /// Joins the connection to its client identifier's session: takes it over from a connection
 /// that holds it, discards it on a clean start, or resumes it. `connack` is the CONNACK for
-/// whether a session is present, sent before anything the session resumes with.
+/// whether a session is present, sent before anything the session resumes with. Returns the
+/// connection's hold on the session (its generation, for [`leave`]).
 pub fn join(
     node: &Arc<Node>,
     cx: &mut Context<'_>,
     joining: Joining<'_>,
     connack: impl FnOnce(bool) -> Frame,
-) -> Joined {
+) -> u64 {
     let store = &node.mqtt_sessions;
     let generation = store.generation();
     let mut slots = store.lock();
@@ -106,8 +97,7 @@ pub fn join(
         }
         parked => parked,
     };
-    let session_present = resumed.is_some();
-    cx.send(connack(session_present));
+    cx.send(connack(resumed.is_some()));
     if let Some(parked) = resumed {
         // Back before the will's delay passed: it is not published (§3.1.3.2.2).
         resume(node, cx, &joining, parked);
@@ -119,13 +109,9 @@ pub fn join(
         version: joining.version,
         state: joining.state.clone(),
         will: joining.will,
-        expiry: joining.expiry,
     };
     slots.insert(joining.client_id.into(), Slot::Live(Box::new(live)));
-    Joined {
-        session_present,
-        generation,
-    }
+    generation
 }
 
 /// The connection holding session `client_id` (as `generation`) ended: the session is parked

@@ -234,7 +234,6 @@ impl Mqtt {
             framing,
             state: &self.state,
             encoder: &self.encoder,
-            expiry,
             will: will.clone(),
             receive_maximum,
         };
@@ -242,7 +241,7 @@ impl Mqtt {
             let packet = encode::connack(version, session_present, ReasonCode::Success, &props);
             framed(framing, packet)
         };
-        let joined = persist::join(&self.node, cx, joining, connack);
+        let generation = persist::join(&self.node, cx, joining, connack);
         // §3.1.2.10: one and a half times the keep-alive with nothing received ends it.
         cx.set_keepalive(Keepalive {
             ping: None,
@@ -251,7 +250,7 @@ impl Mqtt {
         self.connect = Some(Connected {
             version,
             client_id,
-            generation: joined.generation,
+            generation,
             expiry_asked,
             expiry,
             will,

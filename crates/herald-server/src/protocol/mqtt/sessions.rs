@@ -75,8 +75,6 @@ pub struct Live {
     pub version: Version,
     pub state: Arc<Mutex<Outbound>>,
     pub will: Option<Will>,
-    /// Seconds the session outlives the connection.
-    pub expiry: u32,
 }
 
 /// A session kept for a client that is away.
