@@ -23,7 +23,7 @@ run() { # name, extra args...
 
 if [ "$scale" = full ]; then
     for s in solace-3.1.1-high solace-3.1.2-very-high solace-3.2-filtering solace-3.3-large \
-             proxy-latency stock-exchange vbds-images; do
+             proxy-latency proxy-latency-stomp stock-exchange vbds-images; do
         run "$s"
     done
 else
@@ -35,6 +35,7 @@ else
         --sweep discard_rate=0,50000,100000,200000,400000
     run solace-3.3-large "${short[@]}"
     run proxy-latency --trials 5
+    run proxy-latency-stomp --trials 5
     run stock-exchange --set duration=6
     run vbds-images --set duration=20
 fi

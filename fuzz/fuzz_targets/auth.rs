@@ -54,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
             kind: PayloadKind::Text,
             content_type: None,
             stamp: false,
+            extras: None,
         }));
     }
 });

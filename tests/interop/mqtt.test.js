@@ -182,6 +182,32 @@ test("cross-protocol: a native /ws subscriber gets mqtt.js publishes; an HTTP pu
   assert.equal(got[1].payload.toString(), "over HTTP");
 });
 
+test("mqtt.js shared subscription: two clients on /mqtt share $share/web/jobs/#, each message to one of them in turn", async (t) => {
+  const members = [];
+  for (const protocolVersion of [5, 4]) {
+    const member = await connected(t, wsUrl(), { protocolVersion });
+    if (protocolVersion === 5) assert.equal(member.connack.properties?.sharedSubscriptionAvailable, true);
+    assert.deepEqual(await subscribe(member.client, "$share/web/jobs/#", { qos: 1 }), [1]);
+    members.push(member);
+  }
+  const { client: pub } = await connected(t, tcpUrl(), { protocolVersion: 5 });
+  const sent = Array.from({ length: 10 }, (_, i) => `job ${i}`);
+  for (const job of sent) await withTimeout(pub.publishAsync("jobs/x", job, { qos: 1 }), `publish ${job}`);
+  await until(
+    () => members[0].got.length + members[1].got.length === sent.length,
+    () => `${sent.length} messages, got ${members.map((m) => m.got.length)}`,
+    3_000,
+  );
+  await new Promise((r) => setTimeout(r, 200)); // duplicates would show up here
+  members.forEach((m, k) =>
+    assert.deepEqual(
+      m.got.map((g) => g.payload.toString()),
+      sent.filter((_, i) => i % 2 === k),
+      `member ${k} takes every other message, in order`,
+    ),
+  );
+});
+
 const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`;
 
 test("mqtt.js in headless Chromium: connects on /mqtt, subscribes, receives binary and text from Node", { skip }, async (t) => {

@@ -91,6 +91,44 @@ test("stompjs in Node: client-individual acks give credit back; HTTP publishes a
   for (const r of await held) assert.equal(r.status, 200);
 });
 
+test("stompjs in Node: resubscribing with since after a reconnect replays what was missed, then live", async (t) => {
+  const got = [];
+  const receipts = [];
+  let since = null; // the position of the last message processed: `<seq>@<epoch>`
+  const client = new Client({
+    brokerURL: herald.ws.replace(/\/ws$/, "/stomp"),
+    reconnectDelay: 0,
+    heartbeatIncoming: 0,
+    heartbeatOutgoing: 0,
+  });
+  // As an application resumes: every (re)connect subscribes from where it left off.
+  client.onConnect = () => {
+    const receipt = `sub-${receipts.length}`;
+    client.watchForReceipt(receipt, (frame) => receipts.push(frame.headers));
+    const onMessage = (m) => {
+      got.push(m.body);
+      since = `${m.headers.seq}@${m.headers.epoch}`;
+    };
+    client.subscribe("/topic/js/resume", onMessage, { id: "s", receipt, ...(since ? { since } : {}) });
+  };
+  client.activate();
+  t.after(() => client.deactivate());
+  await until(() => receipts.length === 1, "the first RECEIPT", 3_000);
+  for (const m of ["m0", "m1"]) assert.equal((await herald.publishHttp("js/resume", m)).status, 200);
+  await until(() => got.length === 2, () => `2 messages, got ${got.length}`, 3_000);
+
+  await client.deactivate();
+  for (const m of ["m2", "m3"]) assert.equal((await herald.publishHttp("js/resume", m)).status, 200);
+  client.activate();
+  await until(() => receipts.length === 2, "the RECEIPT of the resubscription", 3_000);
+  assert.equal(receipts[1].replayed, "2");
+  assert.equal(receipts[1].gap, undefined);
+  assert.equal((await herald.publishHttp("js/resume", "live")).status, 200);
+  await until(() => got.length === 5, () => `5 messages, got ${got.length}`, 3_000);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.deepEqual(got, ["m0", "m1", "m2", "m3", "live"]);
+});
+
 test("stompjs in Node: a refused destination is an ERROR naming the frame's receipt", async (t) => {
   const { client, errors } = await connected(t);
   const closed = new Promise((resolve) => (client.onWebSocketClose = resolve));

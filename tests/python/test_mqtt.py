@@ -28,7 +28,7 @@ from test_protocol import (
     free_port,
     http_post,
     recv_binary,
-    recv_frame,
+    recv_msg,
     run_async,
     send_json,
     subscribe,
@@ -49,7 +49,8 @@ def herald():
 
 class Client:
     """A Paho client whose received messages land in a queue. `session`: seconds its session
-    outlives the connection (5.0 session expiry; 3.1.1: clean session 0), none by default."""
+    outlives the connection (5.0 session expiry; 3.1.1: clean session 0), none by default;
+    `will`: Paho's `will_set` arguments, with 5.0 `will_properties` and `will_delay`."""
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class Client:
         session: int = 0,
         clean: bool = True,
         will_delay: int = 0,
+        will_properties: Properties | None = None,
         receive_maximum: int | None = None,
         manual_ack: bool = False,
     ):
@@ -80,9 +82,9 @@ class Client:
         else:
             port = server.mqtt_port
         if will:
-            props = None
+            props = will_properties
             if will_delay:
-                props = Properties(PacketTypes.WILLMESSAGE)
+                props = props or Properties(PacketTypes.WILLMESSAGE)
                 props.WillDelayInterval = will_delay
             self.c.will_set(*will, properties=props)
         self.messages: queue.Queue = queue.Queue()
@@ -107,16 +109,26 @@ class Client:
         assert not reason.is_failure, reason
         self.session_present = flags.session_present
 
-    def subscribe(self, topic: str, qos: int = 0, **options):
+    def subscribe(self, topic: str, qos: int = 0, sid: int | None = None, **options):
         if self.version == mqtt.MQTTv5:
             opts = mqtt.SubscribeOptions(qos=qos, **options)
-            self.c.subscribe(topic, options=opts)
+            props = None
+            if sid is not None:
+                props = Properties(PacketTypes.SUBSCRIBE)
+                props.SubscriptionIdentifier = sid
+            self.c.subscribe(topic, options=opts, properties=props)
         else:
             self.c.subscribe(topic, qos)
         return self.subacks.get(timeout=STEP)
 
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
-        info = self.c.publish(topic, payload, qos=qos, retain=retain)
+    def unsubscribe(self, topic: str):
+        done = queue.Queue()
+        self.c.on_unsubscribe = lambda c, u, mid, codes, props: done.put(codes)
+        self.c.unsubscribe(topic)
+        return done.get(timeout=STEP)
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties=None):
+        info = self.c.publish(topic, payload, qos=qos, retain=retain, properties=properties)
         info.wait_for_publish(timeout=STEP)
         assert info.is_published()
 
@@ -266,10 +278,160 @@ async def test_native_websocket_and_http_to_mqtt(herald):
     await ws.close()
 
 
-def test_shared_subscriptions_are_refused(herald):
+def test_shared_subscription_gives_each_message_to_one_member_in_turn(herald):
+    pub = Client(herald, "5.0")
+    pub.publish("sh/r", b"retained", qos=1, retain=True)
+    members = [Client(herald, "5.0"), Client(herald, "5.0", "websockets"), Client(herald, "3.1.1")]
+    assert members[0].connack.SharedSubscriptionAvailable == 1
+    for m in members:
+        assert granted(m.subscribe("$share/grp/sh/#", qos=1)) == [1]
+    own = Client(herald, "5.0")
+    own.subscribe("sh/#", qos=1)
+    assert own.message().payload == b"retained"
+    for m in members:
+        m.nothing(0.1)  # a shared subscription is not sent retained messages
+    payloads = [f"m{i}".encode() for i in range(30)]
+    for p in payloads:
+        pub.publish("sh/x", p, qos=1)
+    got = [[m.message().payload for _ in range(10)] for m in members]
+    for k, g in enumerate(got):
+        assert g == payloads[k::3], f"member {k} takes every third message, in order"
+    assert [own.message().payload for _ in payloads] == payloads, "a plain subscription gets all"
+    for m in members:
+        m.nothing(0.1)
+    # A member that leaves no longer takes turns.
+    members[2].unsubscribe("$share/grp/sh/#")
+    for p in payloads[:4]:
+        pub.publish("sh/y", p, qos=1)
+    assert [members[0].message().payload for _ in range(2)] == payloads[0:4:2]
+    assert [members[1].message().payload for _ in range(2)] == payloads[1:4:2]
+    members[2].nothing(0.1)
+    for c in (*members, own, pub):
+        c.close()
+
+
+def test_no_local_on_a_shared_subscription_is_a_protocol_error(herald):
     c = Client(herald, "5.0")
-    assert granted(c.subscribe("$share/g/t", qos=1)) == [0x9E]
+    c.c.subscribe("$share/g/t", options=mqtt.SubscribeOptions(qos=0, noLocal=True))
+    assert c.disconnects.get(timeout=STEP).value == 0x82
+    c.c.loop_stop()
+
+
+def test_no_local_keeps_a_clients_own_messages_from_it(herald):
+    a = Client(herald, "5.0")
+    b = Client(herald, "5.0")
+    a.subscribe("nl/#", qos=1, noLocal=True)
+    b.subscribe("nl/#", qos=1, noLocal=True)
+    a.publish("nl/t", b"from-a", qos=1)
+    assert b.message().payload == b"from-a"
+    b.publish("nl/t", b"from-b", qos=1)
+    assert a.message().payload == b"from-b"
+    a.nothing()
+    b.nothing(0.1)
+    a.close()
+    b.close()
+
+
+def test_retain_as_published_and_retain_handling(herald):
+    pub = Client(herald, "5.0")
+    pub.publish("rh/kept", b"kept", qos=1, retain=True)
+    rap = Client(herald, "5.0")
+    plain = Client(herald, "5.0")
+    rap.subscribe("rh/#", qos=1, retainAsPublished=True)
+    plain.subscribe("rh/#", qos=1)
+    # Sent on subscribe, a retained message has the flag whatever the option.
+    assert [(m.payload, m.retain) for m in (rap.message(), plain.message())] == [(b"kept", True)] * 2
+    pub.publish("rh/live", b"r", qos=1, retain=True)
+    pub.publish("rh/live", b"n", qos=1)
+    assert [(m.payload, m.retain) for m in (rap.message(), rap.message())] == [(b"r", True), (b"n", False)]
+    assert [(m.payload, m.retain) for m in (plain.message(), plain.message())] == [(b"r", False), (b"n", False)]
+    # Retain handling 0: again at every subscribe; 1: only when the subscription is new.
+    for handling, again in [(0, True), (1, False)]:
+        c = Client(herald, "5.0")
+        c.subscribe("rh/kept", qos=1, retainHandling=handling)
+        assert c.message().payload == b"kept"
+        c.subscribe("rh/kept", qos=1, retainHandling=handling)
+        if again:
+            assert c.message().payload == b"kept"
+        else:
+            c.nothing()
+        c.close()
+    for c in (pub, rap, plain):
+        c.close()
+
+
+def test_subscription_identifiers_name_every_matching_subscription(herald):
+    c = Client(herald, "5.0")
+    assert c.connack.SubscriptionIdentifierAvailable == 1
+    c.subscribe("sid/#", sid=5)
+    c.subscribe("sid/x", qos=1, sid=268_435_455)
+    c.subscribe("$share/s/sid/x", sid=9)
+    pub = Client(herald, "5.0")
+    pub.publish("sid/x", b"both", qos=1)
+    pub.publish("sid/y", b"one", qos=1)
+    got = {}
+    for _ in range(3):
+        m = c.message()
+        got.setdefault(m.payload, []).append(sorted(m.properties.SubscriptionIdentifier))
+    assert sorted(got[b"both"]) == [[5, 268_435_455], [9]], "its own, and the shared one"
+    assert got[b"one"] == [[5]]
     c.close()
+    pub.close()
+
+
+@run_async
+async def test_properties_and_expiry_reach_subscribers_unchanged(herald):
+    v5 = await asyncio.to_thread(Client, herald, "5.0", "websockets")
+    v3 = await asyncio.to_thread(Client, herald, "3.1.1")
+    for c in (v5, v3):
+        await asyncio.to_thread(c.subscribe, "props/#", 1)
+    ws = await connect(herald)
+    await subscribe(ws, "props/>", id=1)
+    pub = await asyncio.to_thread(Client, herald, "5.0")
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("b", "1"), ("a", "2"), ("b", "3")]
+    props.ResponseTopic = "props/reply"
+    props.CorrelationData = b"\x00\x01req"
+    props.PayloadFormatIndicator = 1
+    props.ContentType = "text/plain"
+    props.MessageExpiryInterval = 60
+    await asyncio.to_thread(pub.publish, "props/t", "héllo".encode(), 1, False, props)
+    m = await asyncio.to_thread(v5.message)
+    assert m.payload == "héllo".encode()
+    got = m.properties
+    assert got.UserProperty == [("b", "1"), ("a", "2"), ("b", "3")]
+    assert (got.ResponseTopic, got.CorrelationData) == ("props/reply", b"\x00\x01req")
+    assert (got.PayloadFormatIndicator, got.ContentType) == (1, "text/plain")
+    assert got.MessageExpiryInterval in (59, 60)
+    assert (await asyncio.to_thread(v3.message)).payload == "héllo".encode()
+    frame = await recv_msg(ws)
+    assert (frame["topic"], frame["data"], frame["ct"]) == ("props/t", "héllo", "text/plain")
+    await ws.close()
+    # Retained: the interval counts down while it waits, and an expired one is not sent.
+    for topic, secs in [("props/short", 1), ("props/long", 3)]:
+        props = Properties(PacketTypes.PUBLISH)
+        props.MessageExpiryInterval = secs
+        await asyncio.to_thread(pub.publish, topic, b"x", 1, True, props)
+    await asyncio.sleep(1.2)
+    late = await asyncio.to_thread(Client, herald, "5.0")
+    await asyncio.to_thread(late.subscribe, "props/#", 1)
+    m = await asyncio.to_thread(late.message)
+    assert (m.topic, m.properties.MessageExpiryInterval) == ("props/long", 2)
+    await asyncio.to_thread(late.nothing)
+    for c in (v5, v3, pub, late):
+        await asyncio.to_thread(c.close)
+
+
+def test_enhanced_authentication_is_refused(herald):
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    reasons: queue.Queue = queue.Queue()
+    c.on_connect = lambda c, u, flags, reason, props: reasons.put(reason)
+    props = Properties(PacketTypes.CONNECT)
+    props.AuthenticationMethod = "SCRAM-SHA-256"
+    c.connect("127.0.0.1", herald.mqtt_port, properties=props)
+    c.loop_start()
+    assert reasons.get(timeout=STEP).value == 0x8C
+    c.loop_stop()
 
 
 def raw_connect(port: int) -> socket.socket:
@@ -615,3 +777,55 @@ def test_more_qos2_messages_awaiting_release_than_the_receive_maximum_disconnect
     assert (first, body[0]) == (0xE0, 0x93), "DISCONNECT, receive maximum exceeded"
     assert closed(s)
     s.close()
+
+
+def test_a_delayed_will_keeps_its_properties_and_retain(herald):
+    sub = Client(herald, "5.0")
+    sub.subscribe("wp/#", qos=1, retainAsPublished=True)
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.UserProperty = [("why", "gone")]
+    props.ContentType = "text/plain"
+    props.MessageExpiryInterval = 30
+    will = ("wp/t", b"bye", 1, True)
+    dying = Client(herald, "5.0", will=will, will_properties=props, will_delay=2, session=10)
+    dying.drop()
+    sub.nothing(1.5)
+    m = sub.message()
+    assert (m.topic, m.payload, m.retain) == ("wp/t", b"bye", True)
+    assert (m.properties.UserProperty, m.properties.ContentType) == ([("why", "gone")], "text/plain")
+    assert m.properties.MessageExpiryInterval in (29, 30), "counted from when it is published"
+    late = Client(herald, "5.0")
+    late.subscribe("wp/#", qos=1)
+    kept = late.message()
+    assert (kept.payload, kept.retain, kept.properties.UserProperty) == (b"bye", True, [("why", "gone")])
+    late.publish("wp/t", b"", qos=1, retain=True)  # clears the retained will
+    for c in (sub, late):
+        c.close()
+
+
+def test_a_kept_session_leaves_its_shared_subscription_while_away(herald):
+    cid = f"ks-{uuid.uuid4().hex[:8]}"
+    member = Client(herald, "5.0", client_id=cid, session=60)
+    assert granted(member.subscribe("$share/ks/ks/#", qos=1)) == [1]
+    other = Client(herald, "3.1.1")
+    assert granted(other.subscribe("$share/ks/ks/#", qos=1)) == [1]
+    member.close()
+    pub = Client(herald, "5.0")
+    first = [f"a{i}".encode() for i in range(4)]
+    for p in first:
+        pub.publish("ks/t", p, qos=1)
+    assert [other.message().payload for _ in first] == first, "all to the member still there"
+    back = Client(herald, "5.0", client_id=cid, session=60, clean=False)
+    assert back.session_present
+    back.nothing()  # nothing was kept for it while away
+    then = [f"b{i}".encode() for i in range(4)]
+    for p in then:
+        pub.publish("ks/t", p, qos=1)
+    mine = [back.message() for _ in range(2)]
+    theirs = [other.message().payload for _ in range(2)]
+    assert all(m.qos == 1 for m in mine), "its QoS 1 shared subscription, with no SUBSCRIBE"
+    assert sorted([m.payload for m in mine] + theirs) == then, "in the group again: turns"
+    back.nothing(0.1)
+    other.nothing(0.1)
+    for c in (back, other, pub):
+        c.close()

@@ -47,11 +47,14 @@ def free_port() -> int:
 class Herald:
     """One `herald serve` process on a free loopback port."""
 
+    scheme = "http"  # "https" for a subclass that serves TLS
+    verify: bool | str = True  # what `requests` trusts: a subclass serving TLS names its CA
+
     def __init__(self, *extra_args: str):
         if not os.access(HERALD_BIN, os.X_OK):
             pytest.fail(f"no herald binary at {HERALD_BIN}: run `cargo build --release -p herald` or set HERALD_BIN")
         self.port = free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
+        self.http = f"{self.scheme}://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
@@ -69,7 +72,7 @@ class Herald:
                 self.close()
                 pytest.fail(f"herald exited early ({self.proc.returncode}):\n{output}")
             try:
-                if requests.get(f"{self.http}/healthz", timeout=1).status_code == 200:
+                if requests.get(f"{self.http}/healthz", timeout=1, verify=self.verify).status_code == 200:
                     return
             except requests.RequestException:
                 pass

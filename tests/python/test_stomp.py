@@ -1,9 +1,10 @@
 """Third-party test of herald's STOMP (docs/stomp.md) with the `stomp.py` client library.
 
-stomp.py speaks to herald over its plain TCP listener (`--stomp-listen`) and over WebSocket
-at `/stomp`; herald's own protocol (the `websockets` client) and `POST /api/publish` are the
-other side of the cross-protocol tests. Bad input is sent on raw sockets, since a client
-library will not send it. Every wait is bounded.
+stomp.py speaks to herald over its TCP listener (`--stomp-listen`) and over WebSocket at
+`/stomp`, both also over TLS (certificates from a private CA made with the openssl command);
+herald's own protocol (the `websockets` client) and `POST /api/publish` are the other side of
+the cross-protocol and resume tests. Bad input is sent on raw sockets, since a client library
+will not send it. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -72,6 +74,7 @@ class Collector(stomp.ConnectionListener):
         self.cond = threading.Condition()
         self.messages = []
         self.receipts = []
+        self.receipt_headers = {}
         self.errors = []
         self.connected = False
         self.disconnected = False
@@ -88,7 +91,11 @@ class Collector(stomp.ConnectionListener):
         self._add(lambda: self.messages.append(frame))
 
     def on_receipt(self, frame):
-        self._add(lambda: self.receipts.append(frame.headers["receipt-id"]))
+        def add():
+            self.receipts.append(frame.headers["receipt-id"])
+            self.receipt_headers[frame.headers["receipt-id"]] = frame.headers
+
+        self._add(add)
 
     def on_error(self, frame):
         self._add(lambda: self.errors.append(frame))
@@ -109,27 +116,35 @@ class Collector(stomp.ConnectionListener):
         return self.messages[:n]
 
     def receipt(self, rid):
+        """Waits for RECEIPT `rid`; returns its headers."""
         self.wait(lambda c: rid in c.receipts, what=f"RECEIPT {rid}")
+        return self.receipt_headers[rid]
 
 
-def stomp_tcp(server: StompHerald, passcode: str | None = None, heartbeats=(0, 0)):
-    """A connected stomp.py client on herald's STOMP listener, with its collector."""
-    conn = stomp.Connection12(
-        [("127.0.0.1", server.stomp_port)], auto_decode=False, heartbeats=heartbeats, timeout=STEP
-    )
+def stomp_tcp(server: StompHerald, passcode: str | None = None, heartbeats=(0, 0), ca: str | None = None):
+    """A connected stomp.py client on herald's STOMP listener, with its collector; over TLS
+    trusting the CA certificate file `ca` when given."""
+    address = ("127.0.0.1", server.stomp_port)
+    conn = stomp.Connection12([address], auto_decode=False, heartbeats=heartbeats, timeout=STEP)
+    if ca:
+        conn.set_ssl(for_hosts=[address], ca_certs=ca)
     return start(conn, passcode)
 
 
-def stomp_ws(server: StompHerald, passcode: str | None = None):
-    """A connected stomp.py client on herald's `/stomp` WebSocket, with its collector."""
+def stomp_ws(server: StompHerald, passcode: str | None = None, ca: str | None = None):
+    """A connected stomp.py client on herald's `/stomp` WebSocket, with its collector; `wss://`
+    trusting the CA certificate file `ca` when given."""
+    address = ("127.0.0.1", server.port)
     conn = WSStompConnection(
-        [("127.0.0.1", server.port)],
+        [address],
         ws_path="/stomp",
         header={"Sec-WebSocket-Protocol": "v12.stomp"},
         auto_decode=False,
         binary_mode=True,
         timeout=STEP,
     )
+    if ca:
+        conn.set_ssl(for_hosts=[address], ca_certs=ca)
     return start(conn, passcode)
 
 
@@ -178,6 +193,25 @@ def test_binary_bodies_with_nuls_arrive_byte_for_byte_with_receipts(herald, tran
     quiet(sub_got, 2)
     for c in (sub, pub):
         c.disconnect(receipt="bye")
+
+
+def test_a_stamped_send_carries_herald_receive_time(herald):
+    """`stamp:true` on a SEND asks for herald's receive time on each MESSAGE (`ts`, µs since
+    the UNIX epoch), as a native publish's `"stamp": true` does: it splits latency into legs."""
+    sub, sub_got = stomp_tcp(herald)
+    pub, _ = stomp_ws(herald)
+    sub.subscribe("/topic/py/stamp", id="s", headers={"receipt": "sub"})
+    sub_got.receipt("sub")
+    before = time.time() * 1e6
+    pub.send("/topic/py/stamp", b"stamped", headers={"stamp": "true"})
+    pub.send("/topic/py/stamp", b"plain")
+    stamped, plain = sub_got.messages_after(2)
+    after = time.time() * 1e6
+    # herald stamps when its reader woke for the frame: at most a moment before it was sent.
+    assert before - 1e6 <= int(stamped.headers["ts"]) <= after
+    assert "ts" not in plain.headers
+    for c in (sub, pub):
+        c.disconnect()
 
 
 def test_client_individual_acks_give_credit_back(herald):
@@ -281,6 +315,223 @@ async def test_native_and_http_publishes_reach_a_stomp_subscriber_once_in_order(
 
 
 # --------------------------------------------------------------------------------------------
+# Resuming from a position (docs/stomp.md, "Recovery")
+# --------------------------------------------------------------------------------------------
+
+
+def publish_http(server: StompHerald, topic: str, bodies):
+    for body in bodies:
+        r = requests.post(f"{server.http}/api/publish/{topic}", data=body, timeout=STEP)
+        assert r.status_code == 200, r.text
+
+
+def position(message) -> str:
+    """The `since` value that resumes after `message`: its `seq` and `epoch` headers."""
+    return f"{message.headers['seq']}@{message.headers['epoch']}"
+
+
+def test_resubscribing_since_a_position_replays_what_was_missed_once_in_order_then_live(herald):
+    conn, got = stomp_tcp(herald)
+    conn.subscribe("/topic/py/resume/a", id="s", headers={"receipt": "first"})
+    assert got.receipt("first")["replayed"] == "0"
+    publish_http(herald, "py/resume/a", [b"m0", b"m1", BINARY])
+    seen = got.messages_after(3)
+    assert [m.body for m in seen] == [b"m0", b"m1", BINARY]
+    since = position(seen[-1])
+    conn.disconnect(receipt="bye")
+
+    publish_http(herald, "py/resume/a", [b"m3", b"\x00m4", b"m5"])  # while away
+
+    conn.connect(wait=True, headers={"host": "herald"})  # the same stomp.py connection, again
+    conn.subscribe("/topic/py/resume/a", id="s", headers={"since": since, "receipt": "again"})
+    receipt = got.receipt("again")
+    assert receipt["replayed"] == "3" and "gap" not in receipt, receipt
+    publish_http(herald, "py/resume/a", [b"live"])
+    after = got.messages_after(7)[3:]
+    assert [m.body for m in after] == [b"m3", b"\x00m4", b"m5", b"live"]
+    assert [int(m.headers["seq"]) for m in after] == [4, 5, 6, 7]
+    assert {m.headers["epoch"] for m in after} == {seen[0].headers["epoch"]}
+    quiet(got, 7)
+    conn.disconnect()
+
+
+@pytest.fixture(scope="module")
+def short_history():
+    """herald keeping three messages per topic under py/short/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = os.path.join(tmp, "herald.toml")
+        with open(config, "w") as f:
+            f.write('[[history]]\npattern = "py/short/>"\nmax_messages = 3\n\n[[history]]\npattern = ">"\n')
+        server = StompHerald("--config", config)
+        yield server
+        server.stop_and_check()
+
+
+def test_a_gap_history_no_longer_holds_is_named_in_the_receipt(short_history):
+    conn, got = stomp_tcp(short_history)
+    conn.subscribe("/topic/py/short/a", id="s", headers={"receipt": "r"})
+    got.receipt("r")
+    publish_http(short_history, "py/short/a", [b"m1", b"m2"])
+    since = position(got.messages_after(2)[-1])
+    conn.disconnect()
+    publish_http(short_history, "py/short/a", [f"m{i}".encode() for i in range(3, 9)])  # only m6-m8 kept
+
+    again, got = stomp_tcp(short_history)
+    again.subscribe("/topic/py/short/a", id="s", headers={"since": since, "receipt": "again"})
+    receipt = got.receipt("again")
+    assert receipt["gap"] == "/topic/py/short/a 3-5 no longer held", receipt
+    assert receipt["replayed"] == "3"
+    assert [m.body for m in got.messages_after(3)] == [b"m6", b"m7", b"m8"]
+    quiet(got, 3)
+    again.disconnect()
+
+
+def test_after_a_restart_the_receipt_says_history_was_lost():
+    """herald keeps history in memory: a restart starts every topic in a new epoch."""
+    before = StompHerald()
+    try:
+        conn, got = stomp_tcp(before)
+        conn.subscribe("/topic/py/restart/a", id="s", headers={"receipt": "r"})
+        got.receipt("r")
+        publish_http(before, "py/restart/a", [b"old-1", b"old-2"])
+        last = got.messages_after(2)[-1]
+        conn.disconnect()
+    finally:
+        before.stop_and_check()
+
+    after = StompHerald()
+    try:
+        # Nothing published since the restart: herald holds nothing of the topic.
+        conn, got = stomp_tcp(after)
+        conn.subscribe("/topic/py/restart/a", id="s", headers={"since": position(last), "receipt": "r1"})
+        assert got.receipt("r1")["gap"] == "/topic/py/restart/a nothing held"
+        conn.disconnect()
+
+        publish_http(after, "py/restart/a", [b"new-1", b"new-2"])
+        conn, got = stomp_tcp(after)
+        conn.subscribe("/topic/py/restart/a", id="s", headers={"since": position(last), "receipt": "r2"})
+        receipt = got.receipt("r2")
+        new = got.messages_after(2)
+        epoch = new[0].headers["epoch"]
+        assert epoch != last.headers["epoch"]
+        assert receipt["gap"] == f"/topic/py/restart/a history lost, numbering restarted in epoch {epoch}", receipt
+        assert [(m.body, m.headers["seq"]) for m in new] == [(b"new-1", "1"), (b"new-2", "2")]
+        quiet(got, 2)
+        conn.disconnect()
+    finally:
+        after.stop_and_check()
+
+
+def test_a_wildcard_resumes_with_the_cursor_of_its_first_receipt(herald):
+    """`since` names one topic; a wildcard gets everything after its cursor again, topics that
+    appeared meanwhile included, and drops the (topic, epoch, seq) it has already seen."""
+    conn, got = stomp_tcp(herald)
+    conn.subscribe("/topic/py/wild/>", id="w", headers={"receipt": "r"})
+    cursor = got.receipt("r")["cursor"]
+    publish_http(herald, "py/wild/a", [b"a1"])
+    seen = {(m.headers["destination"], m.headers["epoch"], m.headers["seq"]) for m in got.messages_after(1)}
+    conn.disconnect()
+    publish_http(herald, "py/wild/a", [b"a2"])
+    publish_http(herald, "py/wild/new", [b"n1"])
+
+    again, got = stomp_tcp(herald)
+    again.subscribe("/topic/py/wild/>", id="w", headers={"cursor": cursor, "receipt": "r"})
+    assert "gap" not in got.receipt("r")
+    replayed = got.messages_after(3)
+    fresh = [m.body for m in replayed if (m.headers["destination"], m.headers["epoch"], m.headers["seq"]) not in seen]
+    assert sorted(fresh) == [b"a2", b"n1"]
+    quiet(got, 3)
+    again.disconnect()
+
+
+def test_since_on_a_wildcard_is_an_error(herald):
+    conn, got = stomp_tcp(herald)
+    conn.subscribe("/topic/py/wild/>", id="w", headers={"since": "1@x", "receipt": "r"})
+    got.wait(lambda c: c.errors and c.disconnected, what="ERROR then close")
+    assert "cursor" in got.errors[0].headers["message"], got.errors[0].headers
+
+
+# --------------------------------------------------------------------------------------------
+# TLS: wss://…/stomp and the STOMP listener, with [tls]
+# --------------------------------------------------------------------------------------------
+
+
+def make_certificates(folder: str) -> tuple[str, str, str]:
+    """A private CA and a server certificate it signed for 127.0.0.1, made with the openssl
+    command: (CA certificate, server certificate, server key) files."""
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True, timeout=30)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=herald test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    with open(os.path.join(folder, "server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "1", "-extfile", "server.ext", "-out", "server.pem")
+    return tuple(os.path.join(folder, name) for name in ("ca.pem", "server.pem", "server.key"))
+
+
+class TlsStompHerald(StompHerald):
+    """herald with `[tls]`: https and wss on its listener, TLS on its STOMP listener."""
+
+    scheme = "https"
+
+    def __init__(self, ca: str, cert: str, key: str):
+        self.verify = ca
+        super().__init__("--tls-cert-file", cert, "--tls-key-file", key)
+
+
+@pytest.fixture(scope="module")
+def tls():
+    with tempfile.TemporaryDirectory() as tmp:
+        ca, cert, key = make_certificates(tmp)
+        server = TlsStompHerald(ca, cert, key)
+        yield server
+        server.stop_and_check()
+
+
+@pytest.mark.parametrize("transport", [stomp_tcp, stomp_ws], ids=["tcp", "wss"])
+def test_stomp_py_over_tls_round_trips_a_binary_body(tls, transport):
+    sub, got = transport(tls, ca=tls.verify)
+    pub, pub_got = transport(tls, ca=tls.verify)
+    assert got.connected and not got.errors
+    sub.subscribe("/topic/py/tls", id="s", headers={"receipt": "r"})
+    got.receipt("r")
+    pub.send("/topic/py/tls", BINARY, content_type="application/octet-stream", headers={"receipt": "p"})
+    pub_got.receipt("p")
+    r = requests.post(f"{tls.http}/api/publish/py/tls", data=b"over https", timeout=STEP, verify=tls.verify)
+    assert r.status_code == 200, r.text
+    assert [m.body for m in got.messages_after(2)] == [BINARY, b"over https"]
+    quiet(got, 2)
+    for c in (sub, pub):
+        c.disconnect()
+
+
+def test_plain_text_to_the_tls_listeners_fails_cleanly_and_others_keep_receiving(tls):
+    sub, got = stomp_tcp(tls, ca=tls.verify)
+    sub.subscribe("/topic/py/tls/bystander", id="s", headers={"receipt": "r"})
+    got.receipt("r")
+
+    # Plain STOMP to the TLS listener: no handshake, so herald closes; it never answers in
+    # plain text.
+    answer = raw_exchange(tls, CONNECT + b"SEND\ndestination:/topic/py/tls/bystander\n\nplain\x00")
+    assert b"CONNECTED" not in answer and b"plain" not in answer, answer[:200]
+    # A plain WebSocket to the wss listener: the upgrade fails.
+    plain = WSStompConnection([("127.0.0.1", tls.port)], ws_path="/stomp", timeout=STEP, reconnect_attempts_max=1)
+    with pytest.raises(stomp.exception.ConnectFailedException):
+        plain.connect(wait=True)
+
+    r = requests.post(f"{tls.http}/api/publish/py/tls/bystander", data=b"still here", timeout=STEP, verify=tls.verify)
+    assert r.status_code == 200
+    assert [m.body for m in got.messages_after(1)] == [b"still here"]
+    quiet(got, 1)
+    sub.disconnect()
+
+
+# --------------------------------------------------------------------------------------------
 # Authentication
 # --------------------------------------------------------------------------------------------
 
@@ -381,6 +632,27 @@ def test_herald_heart_beats_keep_a_listening_stomp_py_client_connected(beating):
     requests.post(f"{beating.http}/api/publish/py/beat", data=b"alive", timeout=STEP)
     assert got.messages_after(1)[0].body == b"alive"
     conn.disconnect()
+
+
+def test_a_heart_beating_publisher_held_by_a_lossless_subscriber_is_not_idle(beating):
+    """herald stops reading a publisher while a lossless subscriber has no credit for its
+    message; the beats the publisher sends meanwhile wait in the socket, so that wait does not
+    count as the publisher's silence (herald closes a client after two silent intervals)."""
+    sub, got = stomp_tcp(beating)
+    sub.subscribe("/topic/py/held", id="s", ack="client-individual", headers={"prefetch-count": "1", "receipt": "r"})
+    got.receipt("r")
+    pub, pub_got = stomp_tcp(beating, heartbeats=(1000, 1000))
+    pub.send("/topic/py/held", b"first")
+    pub.send("/topic/py/held", b"held", headers={"receipt": "held"})
+    first = got.messages_after(1)[0]
+    time.sleep(3)  # longer than two of the publisher's intervals
+    assert not pub_got.disconnected and "held" not in pub_got.receipts
+    sub.ack(first.headers["ack"])
+    pub_got.receipt("held")
+    assert [m.body for m in got.messages_after(2)] == [b"first", b"held"]
+    assert not pub_got.disconnected and not pub_got.errors
+    for c in (sub, pub):
+        c.disconnect()
 
 
 @run_async

@@ -2,15 +2,20 @@
 images/s for side² × 2-byte images, the load of seed 001 (VBDS) and of `herald bench --kind
 images`.
 
-    taskset -c 1 python bench/throughput.py --spawn             # herald pinned to core 0
+    taskset -c 1 python bench/throughput.py --spawn --acked     # herald pinned to core 0
     python bench/throughput.py --url ws://127.0.0.1:8080/ws     # a running herald
 
-The publisher (a child process, as a camera's program would be) sends the same buffer back to
-back without waiting for acknowledgements; the subscriber (this process) is `lossless` with a
-window of `--window` images (1: each image goes once the subscriber has handled the previous
-one, VBDS's acknowledged flow), so herald holds the publisher to the subscriber's pace. Each size
-runs for `--seconds`; images/s is counted at the subscriber between its first and last image,
-and every image is checked for its size and its place in the sequence (nothing lost).
+The publisher is a child process, as a camera's program would be, publishing the same buffer;
+the subscriber (this process) is `lossless` with a window of `--window` images. Two flows:
+
+- `--acked`: the publisher publishes each image once the subscriber has the previous one (the
+  subscriber tells it over a pipe): VBDS's acknowledged flow, and the flow of `herald bench
+  --kind images`, so the two compare on the same load.
+- without it: the publisher publishes back to back, and herald's lossless window holds it to
+  the subscriber's pace (with window 1, each image waits for the previous one to be handled).
+
+Each size runs for `--seconds`; images/s is counted at the subscriber between its first and last
+image, and every image is checked for its size and its place in the sequence (nothing lost).
 """
 
 from __future__ import annotations
@@ -31,10 +36,15 @@ import urllib.request
 import herald_client
 
 
-async def publish(url: str, side: int, seconds: float) -> None:
-    """The publisher process: the same buffer back to back for `seconds`, then the count and
-    the CPU seconds it spent publishing."""
+async def publish(url: str, side: int, seconds: float, acked: bool) -> None:
+    """The publisher process: the same buffer for `seconds` (with `acked`, each once the
+    subscriber has the previous one: a byte on stdin), then the count and the CPU seconds it
+    spent publishing."""
     payload = memoryview(os.urandom(side * side * 2))
+    receipts = asyncio.StreamReader()
+    if acked:
+        loop = asyncio.get_running_loop()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(receipts), sys.stdin)
     async with herald_client.connect(url) as pub:
         cpu = time.process_time()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -43,6 +53,8 @@ async def publish(url: str, side: int, seconds: float) -> None:
         while time.monotonic() < deadline:
             await pub.publish(f"bench/images/{side}", payload, ack=False)
             published += 1
+            if acked:
+                await receipts.readexactly(1)
         await pub.ping()  # everything sent has reached herald
         cpu = time.process_time() - cpu
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
@@ -61,7 +73,9 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run_size(url: str, side: int, seconds: float, window: int, herald_pid: int | None) -> dict[str, float]:
+async def run_size(
+    url: str, side: int, seconds: float, window: int, acked: bool, herald_pid: int | None
+) -> dict[str, float]:
     size = side * side * 2
     async with herald_client.connect(url) as h:
         sub = await h.subscribe(f"bench/images/{side}", policy="lossless", window=window)
@@ -75,48 +89,67 @@ async def run_size(url: str, side: int, seconds: float, window: int, herald_pid:
             str(side),
             "--seconds",
             str(seconds),
+            *(["--acked"] if acked else []),
             stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.PIPE,
         )
-        assert publisher.stdout is not None
-        report = asyncio.ensure_future(publisher.stdout.read())
+        assert publisher.stdout is not None and publisher.stdin is not None
+        receipts = publisher.stdin
+        # The subscriber iterates as an application would (`async for`), in a task of its own;
+        # this one waits for the publisher's report (how many it sent) or its failure.
         received, first, last, prev_seq = 0, 0.0, 0.0, -1
+        bad: str | None = None
+
+        async def consume() -> None:
+            nonlocal received, first, last, prev_seq, bad
+            async for m in sub:
+                now = time.monotonic()
+                if m.size != size or (prev_seq >= 0 and m.seq != prev_seq + 1):
+                    bad = f"{side}²: image seq {m.seq} of {m.size} bytes after seq {prev_seq}"
+                    return
+                prev_seq = m.seq
+                received += 1
+                if acked:
+                    receipts.write(b"1")
+                if received == 1:
+                    first = now
+                last = now
+
         cpu = time.process_time()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         herald_cpu = cpu_seconds(herald_pid)
-        # The topic may have been published before (another window): its numbers go on from there.
-        while not (report.done() and received == int((report.result().split() or [b"-1"])[0])):
-            try:
-                m = await asyncio.wait_for(sub.__anext__(), 0.2)
-            except asyncio.TimeoutError:
-                if publisher.returncode not in (None, 0):
-                    raise SystemExit(f"{side}²: the publisher failed ({publisher.returncode})") from None
-                continue
-            now = time.monotonic()
-            if m.size != size or (prev_seq >= 0 and m.seq != prev_seq + 1):
-                raise SystemExit(f"{side}²: image seq {m.seq} of {m.size} bytes after seq {prev_seq}")
-            prev_seq = m.seq
-            received += 1
-            if received == 1:
-                first = now
-            last = now
+        consumer = asyncio.ensure_future(consume())
+        report = (await publisher.stdout.read()).split()
+        if await publisher.wait() != 0 or len(report) != 3:
+            consumer.cancel()
+            raise SystemExit(f"{side}²: the publisher failed ({publisher.returncode})")
+        # The rest arrive, or the run fails: an image lost, or none for 10 s.
+        waited, seen = 0.0, received
+        while received < int(report[0]) and not consumer.done() and waited < 10:
+            await asyncio.sleep(0.005)
+            waited = 0.0 if received > seen else waited + 0.005
+            seen = received
+        consumer.cancel()
+        if bad is not None or received < int(report[0]):
+            raise SystemExit(bad or f"{side}²: {received} of {int(report[0])} images arrived")
         cpu = time.process_time() - cpu
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         herald_cpu = cpu_seconds(herald_pid) - herald_cpu
-        await publisher.wait()
     rate = (received - 1) / (last - first) if received > 1 and last > first else 0.0
     return {
         "side": side,
         "window": window,
+        "acked": acked,
         "bytes": size,
         "images": received,
         "images_per_s": rate,
         "mb_per_s": rate * size / 1e6,
         # CPU the client spends per image: what bounds the rate on an idle core.
         "subscriber_cpu_ms": cpu / received * 1e3,
-        "publisher_cpu_ms": float(report.result().split()[1]) / received * 1e3,
+        "publisher_cpu_ms": float(report[1]) / received * 1e3,
         # Minor page faults per image: memory the allocator handed back to the kernel and took again.
         "subscriber_faults": faults / received,
-        "publisher_faults": int(report.result().split()[2]) / received,
+        "publisher_faults": int(report[2]) / received,
         # herald's CPU per image (with --spawn), in clock ticks of 10 ms: a rough figure.
         "herald_cpu_ms": herald_cpu / received * 1e3,
     }
@@ -152,7 +185,7 @@ def spawn_herald(cpu: str | None) -> tuple[subprocess.Popen[bytes], str, tempfil
 
 async def main(args: argparse.Namespace) -> None:
     if args.publisher:
-        await publish(args.url, args.sizes[0], args.seconds)
+        await publish(args.url, args.sizes[0], args.seconds, args.acked)
         return
     proc = None
     url = args.url
@@ -161,10 +194,11 @@ async def main(args: argparse.Namespace) -> None:
     try:
         results = []
         for window, side in [(w, s) for w in args.window for s in args.sizes]:
-            r = await run_size(url, side, args.seconds, window, proc.pid if proc is not None else None)
+            r = await run_size(url, side, args.seconds, window, args.acked, proc.pid if proc is not None else None)
             results.append(r)
             print(
-                f"window {window}, {side}² × 2 bytes: {r['images_per_s']:.1f} images/s, {r['mb_per_s']:.0f} MB/s "
+                f"{'acked, ' * args.acked}window {window}, {side}² × 2 bytes: "
+                f"{r['images_per_s']:.1f} images/s, {r['mb_per_s']:.0f} MB/s "
                 f"({r['images']:.0f} images; client CPU per image: subscriber {r['subscriber_cpu_ms']:.2f} ms, "
                 f"publisher {r['publisher_cpu_ms']:.2f} ms; page faults per image: subscriber "
                 f"{r['subscriber_faults']:.0f}, publisher {r['publisher_faults']:.0f}; herald CPU per image "
@@ -189,6 +223,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per size")
     parser.add_argument(
         "--window", type=int, nargs="+", default=[1], help="the subscriber's lossless window, images (several: each)"
+    )
+    parser.add_argument(
+        "--acked", action="store_true", help="publish each image once the subscriber has the previous one"
     )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--publisher", action="store_true", help=argparse.SUPPRESS)  # the child process

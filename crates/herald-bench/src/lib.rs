@@ -31,7 +31,9 @@ pub mod group;
 pub mod integrity;
 pub mod load;
 pub mod loopback;
+pub mod mqtt;
 pub mod policy_sub;
+pub mod protocol;
 pub mod publish;
 pub mod report;
 pub mod runner;
@@ -39,6 +41,7 @@ pub mod scenario;
 pub mod schedule;
 pub mod spawn;
 pub mod stats;
+pub mod stomp;
 pub mod sys;
 pub mod wire;
 pub mod ws_client;
@@ -55,7 +58,7 @@ use crate::scenario::{parse_assignment, parse_value, Kind, Scenario, Sweep};
 /// Run a load scenario against herald and report throughput, latency and integrity.
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(
-    after_help = "Examples:\n  herald bench bench/scenarios/solace-3.1.1-high.toml --spawn --json out.json --plot out.svg\n  herald bench bench/scenarios/solace-3.1.2-very-high.toml --url ws://127.0.0.1:8080/ws --clients 500 --duration 10\n  herald bench --kind fanout --clients 200 --topics 1000 --subs 10 --rate 2000 --spawn\nSee docs/bench.md for the scenario format and the JSON report."
+    after_help = "Examples:\n  herald bench bench/scenarios/solace-3.1.1-high.toml --spawn --json out.json --plot out.svg\n  herald bench bench/scenarios/solace-3.1.2-very-high.toml --url ws://127.0.0.1:8080/ws --clients 500 --duration 10\n  herald bench --kind fanout --clients 200 --topics 1000 --subs 10 --rate 2000 --spawn\n  herald bench bench/scenarios/solace-3.1.2-very-high.toml --spawn --clients 1000 --set protocol=mqtt\n  herald bench bench/scenarios/proxy-latency-stomp.toml --spawn\nSee docs/bench.md for the scenario format and the JSON report."
 )]
 pub struct BenchArgs {
     /// Scenario file (TOML). Without one, the scenario is built from --kind and the flags.
@@ -90,6 +93,11 @@ pub struct BenchArgs {
     /// Do not pin the spawned server and the bench to separate cores.
     #[arg(long)]
     pub no_pin: bool,
+
+    /// The process id of the server at --url (not spawned): its CPU use is reported as a
+    /// spawned server's is (e.g. a Mosquitto started by bench/mqtt-vs-mosquitto.sh).
+    #[arg(long, value_name = "PID", conflicts_with_all = ["spawn", "spawn_bin"])]
+    pub server_pid: Option<u32>,
 
     /// Subscriber connections; replaces any sweep with this one step.
     #[arg(long, value_name = "N")]
@@ -284,6 +292,11 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         .map(|s| s.url())
         .unwrap_or_else(|| args.url.clone());
     let pinned = server.as_ref().is_some_and(|s| s.pinned);
+    if let Some(pid) = args.server_pid {
+        if sys::process_cpu_seconds(pid).is_none() {
+            anyhow::bail!("--server-pid {pid}: no such process whose CPU time can be read");
+        }
+    }
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -296,7 +309,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         progress: Progress::new(args.quiet),
         stop: stop.clone(),
         bench_cores: sys::allowed_cores(),
-        server_pid: server.as_ref().map(|s| s.pid()),
+        server_pid: server.as_ref().map(|s| s.pid()).or(args.server_pid),
         samples,
     };
     if !args.quiet {

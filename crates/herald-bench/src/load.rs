@@ -7,10 +7,11 @@
 //! window is two wall-clock instants there: a delivery counts towards latency and egress when it
 //! is received inside the window. Integrity is counted over the whole run.
 //!
-//! Per delivery the client: reads the frame ([`crate::wire`]), finds the topic's slot in its
-//! block by subtraction ([`crate::schedule::Assignment`]), updates the (subscriber, topic)
-//! [`TopicTrack`], and records receive − send (and the two legs when herald stamped it), into the
-//! pool's histograms and into the subscriber's own ([`crate::fairness`]).
+//! Per delivery the client: reads the frame in its protocol ([`crate::protocol::Decoder`]),
+//! finds the topic's slot in its block by subtraction ([`crate::schedule::Assignment`]), updates
+//! the (subscriber, topic) [`TopicTrack`] (over MQTT, one per publisher too: see
+//! [`crate::protocol`]), and records receive − send (and the two legs when herald stamped it),
+//! into the pool's histograms and into the subscriber's own ([`crate::fairness`]).
 //!
 //! Stock-exchange clients can also trade: every `trader.every`-th client publishes an order on
 //! its share every `trader.interval_us`.
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fairness::{SubscriberLatency, SubscriberP99};
 use crate::integrity::{Counts, TopicTrack};
+use crate::protocol::{self, Decoder, Endpoint, Protocol};
 use crate::schedule::{Assignment, Schedule};
 use crate::stats;
 use crate::wire::{self, Incoming};
@@ -61,6 +63,20 @@ pub struct ClientSpec {
     /// itself, a stall of milliseconds once it holds millions.
     pub raw_reserve: usize,
     pub trader: Option<TraderSpec>,
+    /// The protocol the subscribers speak.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// MQTT: the QoS subscribed at (0 or 1).
+    #[serde(default)]
+    pub qos: u8,
+    /// The publishers whose own numbering a subscriber checks, when the server gives none
+    /// (MQTT): a track per (topic, publisher).
+    #[serde(default = "one")]
+    pub publishers: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,6 +114,15 @@ impl ClientSpec {
         match self.topic_names.get(n as usize) {
             Some(name) => format!("{}/{}", self.topic_prefix, name),
             None => format!("{}/{}", self.topic_prefix, n),
+        }
+    }
+
+    /// Tracks per subscribed topic: one per publisher when the deliveries carry their
+    /// publisher's numbering, else one.
+    fn lanes(&self) -> usize {
+        match self.protocol {
+            Protocol::Mqtt => self.publishers.max(1) as usize,
+            Protocol::Native | Protocol::Stomp => 1,
         }
     }
 
@@ -515,9 +540,8 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
         0 => &spec.url,
         n => &spec.sub_urls[(id % n as u64) as usize],
     };
-    let url: tungstenite::http::Uri = target.parse().context("bad --url")?;
-    let host = url.host().context("--url has no host")?;
-    let port = url.port_u16().unwrap_or(80);
+    let endpoint = Endpoint::of(target, spec.protocol)?;
+    let (host, port) = (endpoint.host.as_str(), endpoint.port);
     let addr: SocketAddr = tokio::net::lookup_host((host, port))
         .await?
         .next()
@@ -532,9 +556,14 @@ async fn open(spec: &ClientSpec, id: u64) -> Result<WsClient> {
     }
     let stream = sock.connect(addr).await?;
     stream.set_nodelay(true)?;
-    let path = url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut ws =
-        WsClient::handshake(stream, &format!("{host}:{port}"), path, spec.max_message).await?;
+    let mut ws = match &endpoint.path {
+        Some(path) => {
+            let subprotocol = spec.protocol.subprotocol();
+            let host = format!("{host}:{port}");
+            WsClient::handshake(stream, &host, path, subprotocol, spec.max_message).await?
+        }
+        None => WsClient::raw(stream, spec.max_message)?,
+    };
     if spec.stamp_arrivals {
         ws.stamp_arrivals()?;
     }
@@ -568,19 +597,26 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
     };
     shared.connected.fetch_add(1, Relaxed);
     let topics: Vec<u64> = assignment.topics_of(id).collect();
-    let mut subs = vec![];
-    for &t in &topics {
-        crate::ws_client::encode_client_frame(
-            0x1,
-            wire::sub_frame(&spec.topic(t)).as_bytes(),
-            &mut subs,
-        );
-    }
-    if ws.writer().write_all(&subs).await.is_err() {
+    let names: Vec<String> = topics.iter().map(|&t| spec.topic(t)).collect();
+    let mut hello = vec![];
+    let writer = ws.writer();
+    protocol::subscriber_hello(
+        spec.protocol,
+        writer.framing(),
+        &protocol::client_id('s', id),
+        &names,
+        spec.qos,
+        &mut hello,
+    );
+    if writer.write_all(&hello).await.is_err() {
         shared.closed.fetch_add(1, Relaxed);
         return;
     }
-    let tracks = Rc::new(RefCell::new(vec![TopicTrack::default(); topics.len()]));
+    let lanes = spec.lanes();
+    let tracks = Rc::new(RefCell::new(vec![
+        TopicTrack::default();
+        topics.len() * lanes
+    ]));
     let slot = {
         let mut l = local.borrow_mut();
         l.tracks.push(tracks.clone());
@@ -590,17 +626,23 @@ async fn client(local: Rc<RefCell<Local>>, id: u64) {
     let rx = Receiver {
         local,
         shared,
-        spec,
         assignment,
         id,
         tracks,
+        lanes,
         slot,
         pending_subs: topics.len(),
+        spec,
     };
     // A trader publishes on its own share from a separate local task with the write handle.
     if let Some(t) = rx.spec.trader.clone().filter(|t| t.is_trader(id)) {
         let topic = rx.spec.topic(topics[0]);
-        tokio::task::spawn_local(trade(rx.local.clone(), ws.writer(), topic, t, stop));
+        let trader = Trader {
+            client: id,
+            topic,
+            spec: t,
+        };
+        tokio::task::spawn_local(trade(rx.local.clone(), ws.writer(), trader, stop));
     }
     rx.run(ws).await
 }
@@ -613,7 +655,9 @@ struct Receiver {
     spec: ClientSpec,
     assignment: Assignment,
     id: u64,
+    /// Per subscribed topic (in slot order), `lanes` tracks: one per publisher numbering.
     tracks: Rc<RefCell<Vec<TopicTrack>>>,
+    lanes: usize,
     /// This subscriber's place in [`Local::subscribers`].
     slot: usize,
     pending_subs: usize,
@@ -622,6 +666,8 @@ struct Receiver {
 impl Receiver {
     async fn run(mut self, mut ws: WsClient) {
         let (shared, id) = (self.shared.clone(), self.id);
+        let spec = &self.spec;
+        let mut decoder = Decoder::new(spec.protocol, spec.max_message, spec.qos);
         loop {
             let (msg, arrived_us) = match ws.next().await {
                 Ok(m) => m,
@@ -637,9 +683,9 @@ impl Receiver {
                 }
             };
             let recv_us = wire::now_us();
-            let inc = match msg {
-                ServerMessage::Text(t) => wire::parse_text(t),
-                ServerMessage::Binary(b) => wire::parse_binary(b),
+            let (text, bytes) = match msg {
+                ServerMessage::Text(t) => (true, t),
+                ServerMessage::Binary(b) => (false, b),
                 ServerMessage::Close(code, reason) => {
                     if !shared.stop.load(Relaxed) {
                         shared.closed.fetch_add(1, Relaxed);
@@ -651,8 +697,40 @@ impl Receiver {
                     return;
                 }
             };
-            self.handle(inc, recv_us, arrived_us);
+            let fed = decoder.feed(text, bytes, &mut |inc| {
+                self.handle(inc, recv_us, arrived_us)
+            });
+            if let Err(e) = fed {
+                shared.closed.fetch_add(1, Relaxed);
+                push_error(
+                    &mut self.local.borrow_mut().window.errors,
+                    format!("connection {id}: {e:#}"),
+                );
+                return;
+            }
+            if !decoder.replies.is_empty() {
+                let writer = ws.writer();
+                let mut frame = Vec::with_capacity(decoder.replies.len() + 14);
+                let op = decoder.protocol().opcode();
+                writer.framing().put(op, &decoder.replies, &mut frame);
+                decoder.replies.clear();
+                if writer.write_all(&frame).await.is_err() && !shared.stop.load(Relaxed) {
+                    shared.closed.fetch_add(1, Relaxed);
+                    return;
+                }
+            }
         }
+    }
+
+    /// The track of (subscribed topic, publisher numbering) for a delivery or notice on
+    /// `topic`, if this subscriber holds it.
+    fn track(&self, topic: &[u8], publisher: Option<u32>) -> Option<usize> {
+        let slot = self
+            .spec
+            .topic_index(topic)
+            .and_then(|n| self.assignment.slot(self.id, n))?;
+        let lane = publisher.map_or(0, |p| p as usize);
+        (lane < self.lanes).then_some(slot * self.lanes + lane)
     }
 
     fn handle(&mut self, inc: Incoming<'_>, recv_us: u64, arrived_us: u64) {
@@ -661,11 +739,7 @@ impl Receiver {
             Incoming::Msg(d) => {
                 shared.received.fetch_add(1, Relaxed);
                 let mut l = self.local.borrow_mut();
-                let slot = self
-                    .spec
-                    .topic_index(d.topic)
-                    .and_then(|n| self.assignment.slot(self.id, n));
-                if let Some(s) = slot {
+                if let Some(s) = self.track(d.topic, d.publisher) {
                     self.tracks.borrow_mut()[s].on_message(d.seq, &mut l.counts);
                 } else {
                     l.counts.received += 1;
@@ -674,11 +748,7 @@ impl Receiver {
             }
             Incoming::Dropped { topic, count } => {
                 let mut l = self.local.borrow_mut();
-                let slot = self
-                    .spec
-                    .topic_index(topic.as_bytes())
-                    .and_then(|n| self.assignment.slot(self.id, n));
-                match slot {
+                match self.track(topic.as_bytes(), None) {
                     Some(s) => self.tracks.borrow_mut()[s].on_dropped(count, &mut l.counts),
                     None => {
                         l.counts.discard_notices += 1;
@@ -696,18 +766,29 @@ impl Receiver {
                 &mut self.local.borrow_mut().window.errors,
                 format!("server error: {e}"),
             ),
-            Incoming::Other => {}
+            Incoming::Connected | Incoming::Acked | Incoming::Other => {}
         }
     }
+}
+
+/// A trading client: its number (the publisher in its orders' payload), its share's topic.
+struct Trader {
+    client: u64,
+    topic: String,
+    spec: TraderSpec,
 }
 
 async fn trade(
     local: Rc<RefCell<Local>>,
     sink: WsWriter,
-    topic: String,
-    t: TraderSpec,
+    trader: Trader,
     stop: Rc<tokio::sync::Notify>,
 ) {
+    let Trader {
+        client,
+        topic,
+        spec: t,
+    } = trader;
     let shared = local.borrow().shared.clone();
     // Start trading once the client is subscribed (a short fixed delay keeps it simple).
     let sched = Schedule::new(1e6 / t.interval_us.max(1) as f64, None);
@@ -733,8 +814,9 @@ async fn trade(
         frames.clear();
         for _ in 0..n {
             let now = wire::now_us();
-            wire::text_pub(&mut buf, &topic, now, sent, t.payload, t.stamp, "order");
-            crate::ws_client::encode_client_frame(0x1, buf.as_bytes(), &mut frames);
+            let number = (client, sent + 1);
+            wire::text_pub(&mut buf, &topic, now, number, t.payload, t.stamp, "order");
+            sink.framing().put(0x1, buf.as_bytes(), &mut frames);
             sent += 1;
             shared.orders.fetch_add(1, Relaxed);
             let (ws, we) = (
@@ -779,6 +861,7 @@ mod tests {
             ts: Some(1_050),
             send_us: Some(1_000),
             len: 50,
+            publisher: None,
         };
         shared.win_start_us.store(2_000, Relaxed);
         shared.win_end_us.store(3_000, Relaxed);
@@ -803,6 +886,60 @@ mod tests {
         );
     }
 
+    /// Over MQTT a subscriber checks each publisher's numbering on a topic apart: two
+    /// publishers' messages interleave without counting as duplicates or reordering, and a
+    /// gap in one publisher's numbers is a loss.
+    #[test]
+    fn mqtt_deliveries_are_checked_per_publisher() {
+        let spec = ClientSpec {
+            topic_names: vec![],
+            topic_prefix: "t".into(),
+            protocol: Protocol::Mqtt,
+            publishers: 2,
+            ..spec()
+        };
+        let shared = Shared::new();
+        let local = Rc::new(RefCell::new(Local::new(spec.clone(), shared.clone())));
+        local
+            .borrow_mut()
+            .subscribers
+            .push(SubscriberLatency::default());
+        let tracks = Rc::new(RefCell::new(vec![TopicTrack::default(); 2]));
+        local.borrow_mut().tracks.push(tracks.clone());
+        let mut rx = Receiver {
+            local: local.clone(),
+            shared,
+            assignment: spec.assignment(),
+            spec,
+            id: 0,
+            tracks,
+            lanes: 2,
+            slot: 0,
+            pending_subs: 0,
+        };
+        for (publisher, seq) in [(0, 1), (1, 1), (0, 2), (1, 2), (0, 4), (1, 3), (0, 5)] {
+            let d = wire::Delivery {
+                topic: b"t/0",
+                seq,
+                ts: None,
+                send_us: Some(1),
+                len: 10,
+                publisher: Some(publisher),
+            };
+            rx.handle(Incoming::Msg(d), 2, 0);
+        }
+        let counts = local.borrow_mut().snapshot().counts;
+        assert_eq!(
+            (
+                counts.received,
+                counts.lost,
+                counts.duplicates,
+                counts.out_of_order
+            ),
+            (7, 1, 0, 0)
+        );
+    }
+
     fn spec() -> ClientSpec {
         ClientSpec {
             url: String::new(),
@@ -818,6 +955,9 @@ mod tests {
             stamp_arrivals: false,
             raw_reserve: 0,
             trader: None,
+            protocol: Protocol::Native,
+            qos: 0,
+            publishers: 1,
         }
     }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::arrivals::ArrivalLegs;
 use crate::fairness::Fairness;
 use crate::loopback;
+use crate::protocol::Protocol;
 use crate::scenario::Kind;
 use crate::stats::Summary;
 use crate::sys::Contention;
@@ -56,9 +57,21 @@ pub struct StepResult {
     pub bench_cpu_cores: f64,
     /// Cores the bench may run on.
     pub bench_cores: usize,
-    /// CPU the spawned herald used in the window, in cores (only with --spawn).
+    /// CPU the server used in the window, in cores (a spawned herald, or `--server-pid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_cores: Option<f64>,
+    /// The server's CPU per delivery received in the window, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_delivery: Option<f64>,
+    /// The protocol the subscribers spoke.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// The protocol the publishers spoke.
+    #[serde(default)]
+    pub pub_protocol: Protocol,
+    /// MQTT: the QoS of publishes and subscriptions.
+    #[serde(default)]
+    pub mqtt_qos: u8,
     /// Publish → herald (herald's `ts` − send), µs, when stamping.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pub_to_server_us: Option<Summary>,
@@ -235,6 +248,16 @@ fn server_cpu(s: &StepResult) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// "publishers → subscribers" protocols of a step, with MQTT's QoS.
+fn protocols_cell(s: &StepResult) -> String {
+    let qos = if [s.protocol, s.pub_protocol].contains(&Protocol::Mqtt) {
+        format!(" (MQTT QoS {})", s.mqtt_qos)
+    } else {
+        String::new()
+    };
+    format!("{} → {}{qos}", s.pub_protocol.as_str(), s.protocol.as_str())
+}
+
 fn lat_cells(l: &Summary) -> String {
     format!(
         "{} | {} | {} | {} | {} | {}",
@@ -275,6 +298,18 @@ pub fn markdown(r: &RunReport) -> String {
         r.target,
         if r.spawned { " (spawned)" } else { "" }
     );
+    let mut protocols: Vec<String> = r.steps.iter().map(protocols_cell).collect();
+    protocols.dedup();
+    if protocols
+        .iter()
+        .any(|p| p != &protocols_cell(&StepResult::default()))
+    {
+        let _ = writeln!(
+            o,
+            "Protocols (publishers → subscribers): {}.\n",
+            protocols.join("; ")
+        );
+    }
     match r.kind {
         Kind::Fanout | Kind::Filtering => fanout_tables(&mut o, r),
         Kind::ProxyLatency => proxy_tables(&mut o, r),
@@ -323,7 +358,7 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
         }
         let _ = writeln!(
             o,
-            " Avg (µs) | Median (µs) | 99th (µs) | 99.9th (µs) | Std Dev (µs) | Max (µs) | lost | dup | ooo | discard | bench CPU | herald CPU | notes |"
+            " Avg (µs) | Median (µs) | 99th (µs) | 99.9th (µs) | Std Dev (µs) | Max (µs) | lost | dup | ooo | discard | bench CPU | server CPU | notes |"
         );
         let cols = 16 + big as usize;
         let _ = writeln!(o, "|{}", "---:|".repeat(cols - 1) + "---|");
@@ -380,6 +415,9 @@ fn fanout_tables(o: &mut String, r: &RunReport) {
                 ))
             },
         );
+        per_step_line(o, "Server CPU per delivery (µs)", &steps, |s| {
+            s.server_cpu_us_per_delivery.map(|us| format!("{us:.2}"))
+        });
         per_step_line(
             o,
             "herald → subscriber split at the bench's kernel (µs, mean / p99: herald → kernel, kernel → bench; the slowest 0.1%'s medians: publish → herald, herald → kernel, kernel → bench)",
@@ -471,6 +509,11 @@ pub fn fairness_cells(f: &Fairness) -> String {
 }
 
 fn proxy_tables(o: &mut String, r: &RunReport) {
+    // Steps of several protocols (a sweep over `protocol`) say which each row is.
+    let mixed = r
+        .steps
+        .iter()
+        .any(|s| protocols_cell(s) != protocols_cell(&r.steps[0]));
     for (title, key) in [
         (
             "Time between publisher and herald (publish → server), mean over trials",
@@ -486,6 +529,20 @@ fn proxy_tables(o: &mut String, r: &RunReport) {
         ),
     ] {
         let _ = writeln!(o, "**{title}**\n");
+        let stamped = |s: &&StepResult| {
+            s.extra
+                .get(key)
+                .and_then(|v| v.get("count"))
+                .and_then(|c| c.as_u64())
+                .is_some_and(|c| c > 0)
+        };
+        if key != "end_to_end_trials" && !r.steps.iter().any(|s| stamped(&s)) {
+            let _ = writeln!(
+                o,
+                "No delivery carried herald's receive stamp (`ts`): no split into legs.\n"
+            );
+            continue;
+        }
         let _ = writeln!(
             o,
             "| Interval (ms) | trials | min (µs) | max (µs) | mode (µs) | median (µs) | mean (µs) | stdev (µs) | missing |"
@@ -497,11 +554,14 @@ fn proxy_tables(o: &mut String, r: &RunReport) {
                 .get("interval_ms")
                 .and_then(|v| v.as_f64())
                 .unwrap_or(0.0);
-            let label = if interval <= 0.0 {
+            let mut label = if interval <= 0.0 {
                 "burst (0)".to_string()
             } else {
                 format!("{interval}")
             };
+            if mixed {
+                label = format!("{}: {label}", protocols_cell(s));
+            }
             let sum: Summary = s
                 .extra
                 .get(key)
@@ -531,7 +591,7 @@ fn proxy_tables(o: &mut String, r: &RunReport) {
 fn stock_table(o: &mut String, r: &RunReport) {
     let _ = writeln!(
         o,
-        "| clients | traders | tx/s (orders offered) | tx/s achieved | deliveries/s expected | deliveries/s achieved | mean herald → client (µs) | mean end to end (µs) | p99 end to end (µs) | lost | bench CPU | herald CPU | notes |"
+        "| clients | traders | tx/s (orders offered) | tx/s achieved | deliveries/s expected | deliveries/s achieved | mean herald → client (µs) | mean end to end (µs) | p99 end to end (µs) | lost | bench CPU | server CPU | notes |"
     );
     let _ = writeln!(
         o,
@@ -638,7 +698,7 @@ fn images_table(o: &mut String, r: &RunReport) {
 fn conflation_table(o: &mut String, r: &RunReport) {
     let _ = writeln!(
         o,
-        "| subscribers | topics | publishers | publish rate (target) | per topic | policy, max_rate | received msg/s per topic | stale | topics ending on their newest value | lost | announced superseded | herald CPU | bench CPU | notes |"
+        "| subscribers | topics | publishers | publish rate (target) | per topic | policy, max_rate | received msg/s per topic | stale | topics ending on their newest value | lost | announced superseded | server CPU | bench CPU | notes |"
     );
     let _ = writeln!(
         o,
@@ -967,6 +1027,36 @@ mod tests {
         ] {
             assert!(!markdown(&report(k)).is_empty());
         }
+    }
+
+    #[test]
+    fn protocols_and_cpu_per_delivery_are_reported() {
+        let mut r = report(Kind::Fanout);
+        let md = markdown(&r);
+        assert!(!md.contains("Protocols"), "all native: no line\n{md}");
+        r.steps[0].server_cpu_us_per_delivery = Some(3.25);
+        for s in &mut r.steps {
+            s.protocol = Protocol::Mqtt;
+            s.pub_protocol = Protocol::Mqtt;
+            s.mqtt_qos = 1;
+        }
+        let md = markdown(&r);
+        assert!(
+            md.contains("Protocols (publishers → subscribers): mqtt → mqtt (MQTT QoS 1).\n"),
+            "{md}"
+        );
+        assert!(md.contains("Server CPU per delivery (µs): 3.25\n"), "{md}");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["steps"][0]["protocol"], "mqtt");
+        assert_eq!(v["steps"][0]["server_cpu_us_per_delivery"], 3.25);
+        // Proxy rows of several protocols say which each is; without stamps, no legs.
+        let mut r = report(Kind::ProxyLatency);
+        r.steps[1].protocol = Protocol::Stomp;
+        r.steps[1].pub_protocol = Protocol::Stomp;
+        let md = markdown(&r);
+        assert!(md.contains("| stomp → stomp: burst (0) |"), "{md}");
+        assert!(md.contains("| native → native: burst (0) |"), "{md}");
+        assert!(md.contains("no split into legs"), "{md}");
     }
 
     #[test]

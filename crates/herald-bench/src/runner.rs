@@ -32,7 +32,7 @@ pub struct Ctx {
     /// Set on Ctrl-C.
     pub stop: Arc<AtomicBool>,
     pub bench_cores: usize,
-    /// The spawned server, whose CPU use is reported too.
+    /// The server's process (spawned, or `--server-pid`), whose CPU use is reported too.
     pub server_pid: Option<u32>,
     /// Where `--samples` writes every delivery of a fan-out step's window.
     pub samples: Option<std::io::BufWriter<std::fs::File>>,
@@ -185,6 +185,10 @@ fn finish(ctx: &Ctx, step: &Step, mut r: StepResult) -> StepResult {
     for (k, v) in &step.swept {
         r.swept.insert(k.clone(), v.clone());
     }
+    r.server_cpu_us_per_delivery = r
+        .server_cpu_cores
+        .filter(|_| r.egress_achieved > 0.0)
+        .map(|cores| cores * 1e6 / r.egress_achieved);
     let l = &r.latency_us;
     ctx.progress.line(&format!(
         "{}clients {}: egress {:.0}/s of {:.0}/s expected, publish {:.0}/s, latency µs mean {:.1} p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}{}; lost {} dup {} ooo {} discard {}; bench CPU {:.0}%{}",
@@ -234,6 +238,9 @@ fn client_spec(ctx: &Ctx, p: &Params, max_message: usize) -> ClientSpec {
         stamp_arrivals: false,
         raw_reserve: 0,
         trader: None,
+        protocol: p.protocol,
+        qos: p.mqtt_qos,
+        publishers: p.publishers,
     }
 }
 
@@ -390,6 +397,9 @@ fn base_result(ctx: &Ctx, p: &Params, snap: &Snapshot, window: f64, cpu_s: f64) 
         subs_per_client: p.subs_per_client.min(p.topic_count()),
         payload: p.payload,
         errors,
+        protocol: p.protocol,
+        pub_protocol: p.publisher_protocol().unwrap_or(p.protocol),
+        mqtt_qos: p.mqtt_qos,
         ..Default::default()
     }
 }
@@ -436,6 +446,9 @@ fn fanout_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
             discard.push(Publisher::start(
                 PubSpec {
                     url: ctx.url.clone(),
+                    protocol: p.publisher_protocol()?,
+                    qos: p.mqtt_qos,
+                    numbered_from: 0,
                     topics: dtopics.clone(),
                     spread: dspread,
                     index: i,
@@ -578,6 +591,9 @@ fn paced_publishers(
             Publisher::start(
                 PubSpec {
                     url: ctx.url.clone(),
+                    protocol: p.publisher_protocol()?,
+                    qos: p.mqtt_qos,
+                    numbered_from: 0,
                     topics: topics.clone(),
                     spread,
                     index: i,
@@ -645,6 +661,10 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         let publ = Publisher::start(
             PubSpec {
                 url: ctx.url.clone(),
+                protocol: p.publisher_protocol()?,
+                qos: p.mqtt_qos,
+                // Each trial's publisher numbers on from the previous trial's last message.
+                numbered_from: trial * messages,
                 topics: topics.clone(),
                 spread: Spread::new(1, 1),
                 index: 0,
@@ -684,14 +704,13 @@ fn proxy_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
         let snap = collect_all(&groups)?;
         let n = snap.raw.len() as u64;
         missing_total += expected_per_trial.saturating_sub(n);
-        let l1: Vec<i64> = snap
-            .raw
-            .iter()
+        // The legs of the deliveries herald stamped (all of them, unless the protocol has no
+        // way to ask: then the trial has no legs, only end to end).
+        let stamped = || snap.raw.iter().filter(|&&(_, ts, _, _)| ts > 0);
+        let l1: Vec<i64> = stamped()
             .map(|&(s, ts, _, _)| ts as i64 - s as i64)
             .collect();
-        let l2: Vec<i64> = snap
-            .raw
-            .iter()
+        let l2: Vec<i64> = stamped()
             .map(|&(_, ts, r, _)| r as i64 - ts as i64)
             .collect();
         let e2e: Vec<i64> = snap
@@ -921,6 +940,9 @@ fn images_step(ctx: &mut Ctx, p: &Params, label: &str) -> Result<StepResult> {
     let publ = Publisher::start(
         PubSpec {
             url: ctx.url.clone(),
+            protocol: crate::protocol::Protocol::Native,
+            qos: 0,
+            numbered_from: 0,
             topics: Arc::new(vec![p.topic(0)]),
             spread: Spread::new(1, 1),
             index: 0,

@@ -27,6 +27,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::Protocol;
+
 /// What a scenario does; each kind has its own runner and table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -138,6 +140,13 @@ pub struct Params {
     pub max_conns_per_process: u64,
     /// Event-loop threads per bench process for subscribers (1 = one core).
     pub bench_threads: u64,
+    /// The protocol the clients speak: `native`, `mqtt` or `stomp` (fan-out, filtering and
+    /// proxy latency; the other kinds use herald's own features and speak native).
+    pub protocol: Protocol,
+    /// The publishers' protocol when it differs from the subscribers'; empty: `protocol`.
+    pub pub_protocol: String,
+    /// MQTT: the QoS of publishes and subscriptions, 0 or 1.
+    pub mqtt_qos: u8,
 }
 
 impl Default for Params {
@@ -179,6 +188,9 @@ impl Default for Params {
             max_rate: 0.0,
             max_conns_per_process: 19_000,
             bench_threads: 1,
+            protocol: Protocol::Native,
+            pub_protocol: String::new(),
+            mqtt_qos: 0,
         }
     }
 }
@@ -226,6 +238,14 @@ impl Params {
         }
     }
 
+    /// The publishers' protocol: `pub_protocol`, or `protocol` when that is empty.
+    pub fn publisher_protocol(&self) -> Result<Protocol> {
+        match self.pub_protocol.as_str() {
+            "" => Ok(self.protocol),
+            p => p.parse().context("pub_protocol"),
+        }
+    }
+
     pub fn image_bytes(&self) -> u64 {
         self.image_side * self.image_side * self.bytes_per_pixel
     }
@@ -245,6 +265,25 @@ impl Params {
         }
         if self.publishers == 0 {
             bail!("publishers must be at least 1");
+        }
+        let publishers = self.publisher_protocol()?;
+        let native = Protocol::Native;
+        let protocols = [self.protocol, publishers];
+        if protocols != [native; 2]
+            && !matches!(kind, Kind::Fanout | Kind::Filtering | Kind::ProxyLatency)
+        {
+            bail!(
+                "{} scenarios speak herald's native protocol only (protocol {}, pub_protocol {})",
+                kind.as_str(),
+                self.protocol.as_str(),
+                publishers.as_str()
+            );
+        }
+        if self.binary && protocols != [native; 2] {
+            bail!("binary applies to native clients only: MQTT and STOMP carry the text payload");
+        }
+        if self.mqtt_qos > 1 {
+            bail!("mqtt_qos must be 0 or 1 (got {})", self.mqtt_qos);
         }
         Ok(())
     }
@@ -474,6 +513,30 @@ values = [1000, 2000, 3000]
             Scenario::parse("kind = \"fanout\"\n[[sweep]]\nparam = \"nope\"\nvalues = [1]")
                 .is_err()
         );
+    }
+
+    #[test]
+    fn protocols_are_checked() {
+        let mut p = Params::default();
+        assert_eq!(p.publisher_protocol().unwrap(), Protocol::Native);
+        p.set("protocol", parse_value("mqtt")).unwrap();
+        assert_eq!(p.publisher_protocol().unwrap(), Protocol::Mqtt);
+        p.set("pub_protocol", parse_value("native")).unwrap();
+        assert_eq!(p.publisher_protocol().unwrap(), Protocol::Native);
+        p.validate(Kind::Fanout).unwrap();
+        assert!(
+            p.validate(Kind::Images).is_err(),
+            "images speak native only"
+        );
+        assert!(p.set("protocol", parse_value("amqp")).is_err());
+        p.set("pub_protocol", parse_value("amqp")).unwrap();
+        assert!(p.validate(Kind::Fanout).is_err());
+        p.set("pub_protocol", parse_value("native")).unwrap();
+        p.binary = true;
+        assert!(p.validate(Kind::Fanout).is_err(), "binary is native's");
+        p.binary = false;
+        p.set("mqtt_qos", parse_value("2")).unwrap();
+        assert!(p.validate(Kind::Fanout).is_err(), "QoS 2 is not offered");
     }
 
     #[test]

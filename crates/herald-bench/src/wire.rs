@@ -6,8 +6,16 @@
 //! byte search rather than a full JSON parse; anything else falls back to serde_json.
 //!
 //! Payload layout (what the bench publishes):
-//! * text: `"<send µs since UNIX epoch>:<publisher counter>:<padding to B bytes>"`;
-//! * binary: 8 bytes send µs (big-endian), 8 bytes counter, then padding to B bytes.
+//! * text, in every protocol ([`numbered_payload`]; a native publish's `data`):
+//!   `"<send µs since UNIX epoch>:<publisher>.<n>:<text><padding to B bytes>"`, with `n` the
+//!   message's number among its publisher's messages on its topic. MQTT carries no server
+//!   sequence number, so an MQTT subscriber checks loss and order by these numbers instead;
+//! * binary (native publishers and subscribers only): 8 bytes send µs (big-endian), 8 bytes
+//!   counter, then padding to B bytes.
+//!
+//! The text payload is the same bytes whatever protocol carries it, and its send time is read
+//! by one function ([`payload_send_us`]): latency is measured the same way for every protocol,
+//! and any protocol's subscribers can read any protocol's publishers.
 
 use memchr::memmem::Finder;
 use std::sync::LazyLock;
@@ -32,13 +40,14 @@ pub fn sub_frame(topic: &str) -> String {
     format!("{{\"op\":\"sub\",\"topic\":\"{topic}\"}}")
 }
 
-/// Writes a text publish frame into `buf` (cleared first). `payload` is the total `data` length;
-/// the timestamp and counter always fit, even past it.
+/// Writes a text publish frame into `buf` (cleared first), its `data` the payload
+/// [`numbered_payload`] writes for (publisher, n) `number`. `payload` is the total `data`
+/// length; the timestamp and numbers always fit, even past it.
 pub fn text_pub(
     buf: &mut String,
     topic: &str,
     send_us: u64,
-    counter: u64,
+    number: (u64, u64),
     payload: usize,
     stamp: bool,
     text: &str,
@@ -53,7 +62,7 @@ pub fn text_pub(
         "\",\"data\":\""
     });
     let start = buf.len();
-    let _ = write!(buf, "{send_us}:{counter}:");
+    let _ = write!(buf, "{send_us}:{}.{}:", number.0, number.1);
     buf.push_str(text);
     let used = buf.len() - start;
     for _ in used..payload {
@@ -79,6 +88,37 @@ pub fn binary_pub(topic: &str, send_us: u64, counter: u64, payload: usize, stamp
     f
 }
 
+/// Writes the text payload into `buf` (cleared first): `"<send µs>:<publisher>.<n>:<text>"`
+/// for (publisher, n) `number`, padded with `x` to `payload` bytes (the stamp and the numbers
+/// always fit, even past it).
+pub fn numbered_payload(
+    buf: &mut Vec<u8>,
+    send_us: u64,
+    number: (u64, u64),
+    payload: usize,
+    text: &str,
+) {
+    use std::io::Write;
+    buf.clear();
+    let _ = write!(buf, "{send_us}:{}.{}:{text}", number.0, number.1);
+    if buf.len() < payload {
+        buf.resize(payload, b'x');
+    }
+}
+
+/// The publisher and number of a payload [`numbered_payload`] wrote.
+pub fn payload_number(data: &[u8]) -> Option<(u32, u64)> {
+    let rest = &data[memchr::memchr(b':', data)? + 1..];
+    let field = &rest[..memchr::memchr(b':', rest)?];
+    let dot = memchr::memchr(b'.', field)?;
+    let (p, n) = (&field[..dot], &field[dot + 1..]);
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    if !digits(p) || !digits(n) {
+        return None;
+    }
+    Some((u32::try_from(parse_u64(p)?).ok()?, parse_u64(n)?))
+}
+
 /// Rewrites the timestamp of a frame built by [`binary_pub`] (images reuse one buffer).
 pub fn patch_binary_stamp(frame: &mut [u8], send_us: u64, counter: u64) {
     let hl = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
@@ -98,14 +138,25 @@ pub struct Delivery<'a> {
     pub send_us: Option<u64>,
     /// Payload length in bytes (text: the JSON string's raw length).
     pub len: usize,
+    /// Whose numbering `seq` is: None, herald's (per topic); Some(p), publisher `p`'s own
+    /// (per publisher and topic, from the payload: MQTT).
+    pub publisher: Option<u32>,
 }
 
-/// What a frame from herald is.
+/// What a frame from the server is (in any protocol: [`crate::protocol::Decoder`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming<'a> {
     Msg(Delivery<'a>),
-    Dropped { topic: String, count: u64 },
+    Dropped {
+        topic: String,
+        count: u64,
+    },
+    /// One subscription confirmed (native `subscribed`, an MQTT SUBACK's code, a STOMP RECEIPT).
     Subscribed,
+    /// The session is open (MQTT CONNACK accepted, STOMP CONNECTED).
+    Connected,
+    /// A QoS 1 publish acknowledged (MQTT PUBACK).
+    Acked,
     Error(String),
     Other,
 }
@@ -149,15 +200,17 @@ pub fn parse_text(s: &[u8]) -> Incoming<'_> {
                 topic,
                 seq,
                 ts: find_u64(s, &TS),
-                send_us: text_send_us(data),
+                send_us: payload_send_us(data),
                 len: data.len(),
+                publisher: None,
             });
         }
     }
     slow_path(s)
 }
 
-fn text_send_us(data: &[u8]) -> Option<u64> {
+/// The send time a text payload starts with (`"<send µs>:…"`).
+pub fn payload_send_us(data: &[u8]) -> Option<u64> {
     let colon = memchr::memchr(b':', data)?;
     parse_u64(&data[..colon]).filter(|_| colon > 0)
 }
@@ -197,14 +250,20 @@ pub fn parse_binary(b: &[u8]) -> Incoming<'_> {
     let (Some(seq), Some(topic)) = (find_u64(header, &SEQ), find_str(header, &TOPIC)) else {
         return Incoming::Other;
     };
-    let send_us =
-        (payload.len() >= 16).then(|| u64::from_be_bytes(payload[..8].try_into().unwrap()));
+    // The text layout when it starts with a digit (published over MQTT, whose payloads herald
+    // delivers as binary), else the binary one: its first byte, the top of a send time in µs,
+    // is 0.
+    let send_us = match payload.first() {
+        Some(b) if b.is_ascii_digit() => payload_send_us(payload),
+        _ => (payload.len() >= 16).then(|| u64::from_be_bytes(payload[..8].try_into().unwrap())),
+    };
     Incoming::Msg(Delivery {
         topic,
         seq,
         ts: find_u64(header, &TS),
         send_us,
         len: payload.len(),
+        publisher: None,
     })
 }
 
@@ -225,13 +284,22 @@ mod tests {
     #[test]
     fn text_roundtrip() {
         let mut buf = String::new();
-        text_pub(&mut buf, "t/12", 1_763_888_000_123_456, 7, 50, true, "");
+        text_pub(
+            &mut buf,
+            "t/12",
+            1_763_888_000_123_456,
+            (2, 7),
+            50,
+            true,
+            "",
+        );
         let v: serde_json::Value = serde_json::from_str(&buf).unwrap();
         assert_eq!(v["op"], "pub");
         assert_eq!(v["stamp"], true);
         let data = v["data"].as_str().unwrap();
         assert_eq!(data.len(), 50);
-        assert!(data.starts_with("1763888000123456:7:x"));
+        assert!(data.starts_with("1763888000123456:2.7:x"));
+        assert_eq!(payload_number(data.as_bytes()), Some((2, 7)));
         // what herald sends back
         let msg = format!(
             "{{\"op\":\"msg\",\"topic\":\"t/12\",\"seq\":42,\"epoch\":\"5c1e\",\"data\":\"{data}\",\"ts\":1763888000123470}}"
@@ -298,5 +366,31 @@ mod tests {
             (9, Some(130), Some(123), 1000)
         );
         assert_eq!(parse_binary(&[0, 0, 0, 50, b'{']), Incoming::Other);
+        // A text payload delivered as binary (published over MQTT) is read as text.
+        let mut d = (header.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(header);
+        d.extend_from_slice(b"1763888000123456:0.3:xxxxxxxxxx");
+        let Incoming::Msg(m) = parse_binary(&d) else {
+            panic!()
+        };
+        assert_eq!(m.send_us, Some(1_763_888_000_123_456));
+    }
+
+    #[test]
+    fn numbered_payloads_carry_the_stamp_and_the_publishers_number() {
+        let mut buf = vec![];
+        numbered_payload(&mut buf, 1_763_888_000_123_456, (3, 17), 50, "");
+        assert_eq!(buf.len(), 50);
+        assert!(buf.starts_with(b"1763888000123456:3.17:xx"));
+        assert_eq!(payload_send_us(&buf), Some(1_763_888_000_123_456));
+        assert_eq!(payload_number(&buf), Some((3, 17)));
+        // Longer than asked: nothing cut; the text follows the numbers.
+        numbered_payload(&mut buf, 5, (0, 1), 4, "Hello World! #0");
+        assert_eq!(buf, b"5:0.1:Hello World! #0");
+        assert_eq!(payload_number(&buf), Some((0, 1)));
+        // Anything else has no publisher number.
+        assert_eq!(payload_number(b"5:1:xxxx"), None);
+        assert_eq!(payload_number(b"5:.1:x"), None);
+        assert_eq!(payload_number(b"5:1:x.2:"), None);
     }
 }

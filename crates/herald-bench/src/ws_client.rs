@@ -7,8 +7,14 @@
 //! tells tokio the socket is drained instead of asking the kernel again (safe because tokio's
 //! readiness is edge-triggered and `clear_ready` ignores readiness newer than the guard).
 //!
-//! Only what a subscriber needs is here: the client handshake, masked client frames, and
-//! reading server frames (text, binary, continuation, close; pings are answered).
+//! Only what a subscriber needs is here: the client handshake (with a subprotocol for MQTT and
+//! STOMP), masked client frames, and reading server frames (text, binary, continuation, close;
+//! pings are answered).
+//!
+//! MQTT and STOMP also run over plain TCP: the same client then passes the byte stream
+//! through unframed ([`Framing::Raw`]), each read's bytes as one binary message, and the
+//! protocol's decoder ([`crate::protocol::Decoder`]) finds its packets in them as it does in
+//! WebSocket messages (which may split or join packets too).
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -18,7 +24,28 @@ use anyhow::{bail, Context, Result};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-/// A connected WebSocket client over a non-blocking TCP socket.
+/// How a protocol's frames travel on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Each in a masked WebSocket frame (client → server).
+    WebSocket,
+    /// As they are, on a plain TCP stream (MQTT, STOMP).
+    Raw,
+}
+
+impl Framing {
+    /// Appends `payload` to `out` as one frame of this framing (`opcode`: WebSocket's text 0x1
+    /// or binary 0x2).
+    pub fn put(self, opcode: u8, payload: &[u8], out: &mut Vec<u8>) {
+        match self {
+            Framing::WebSocket => encode_client_frame(opcode, payload, out),
+            Framing::Raw => out.extend_from_slice(payload),
+        }
+    }
+}
+
+/// A connected WebSocket client (or a plain TCP one, [`Framing::Raw`]) over a non-blocking
+/// TCP socket.
 pub struct WsClient {
     writer: WsWriter,
     reader: FrameReader,
@@ -31,7 +58,7 @@ pub struct WsClient {
 
 /// The sending half: cheap to clone, so a trader task can publish while the receiver reads.
 #[derive(Clone)]
-pub struct WsWriter(Rc<AsyncFd<std::net::TcpStream>>);
+pub struct WsWriter(Rc<AsyncFd<std::net::TcpStream>>, Framing);
 
 /// One complete message from the server.
 pub enum ServerMessage<'a> {
@@ -42,29 +69,21 @@ pub enum ServerMessage<'a> {
 }
 
 impl WsClient {
-    /// Performs the opening handshake on a connected socket.
+    /// Performs the opening handshake on a connected socket, asking for `subprotocol` if any.
     pub async fn handshake(
         stream: tokio::net::TcpStream,
         host: &str,
         path: &str,
+        subprotocol: Option<&str>,
         max_message: usize,
     ) -> Result<WsClient> {
-        let std = stream.into_std()?;
-        // SAFETY: the TcpStream owns a valid, non-blocking descriptor (tokio's `into_std`
-        // leaves it non-blocking) and nothing else closes or replaces it while registered.
-        let fd = unsafe {
-            AsyncFd::register_with_interest(std, Interest::READABLE | Interest::WRITABLE)
-        }
-        .map_err(|e| e.into_parts().1)?;
-        let mut client = WsClient {
-            writer: WsWriter(Rc::new(fd)),
-            reader: FrameReader::new(max_message),
-            stamping: false,
-            arrived_us: 0,
-        };
+        let mut client = WsClient::over(stream, Framing::WebSocket, max_message)?;
+        let protocol = subprotocol
+            .map(|p| format!("Sec-WebSocket-Protocol: {p}\r\n"))
+            .unwrap_or_default();
         let request = format!(
             "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: aGVyYWxkLWJlbmNoLWtleQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+             Sec-WebSocket-Key: aGVyYWxkLWJlbmNoLWtleQ==\r\nSec-WebSocket-Version: 13\r\n{protocol}\r\n"
         );
         client.writer.write_all(request.as_bytes()).await?;
         loop {
@@ -81,6 +100,31 @@ impl WsClient {
                 bail!("the server closed the connection during the handshake");
             }
         }
+    }
+
+    /// A plain TCP client: no handshake, each read's bytes are one binary message.
+    pub fn raw(stream: tokio::net::TcpStream, max_message: usize) -> Result<WsClient> {
+        WsClient::over(stream, Framing::Raw, max_message)
+    }
+
+    fn over(
+        stream: tokio::net::TcpStream,
+        framing: Framing,
+        max_message: usize,
+    ) -> Result<WsClient> {
+        let std = stream.into_std()?;
+        // SAFETY: the TcpStream owns a valid, non-blocking descriptor (tokio's `into_std`
+        // leaves it non-blocking) and nothing else closes or replaces it while registered.
+        let fd = unsafe {
+            AsyncFd::register_with_interest(std, Interest::READABLE | Interest::WRITABLE)
+        }
+        .map_err(|e| e.into_parts().1)?;
+        Ok(WsClient {
+            writer: WsWriter(Rc::new(fd), framing),
+            reader: FrameReader::new(max_message, framing),
+            stamping: false,
+            arrived_us: 0,
+        })
     }
 
     /// A handle for sending on this connection.
@@ -217,11 +261,16 @@ fn read_stamped(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
 }
 
 impl WsWriter {
+    /// How frames travel on this connection.
+    pub fn framing(&self) -> Framing {
+        self.1
+    }
+
     /// Sends one masked text frame (the mask key is zero, which leaves the payload as is:
     /// servers must accept any key, and the bench need not hide its bytes from proxies).
     pub async fn send_text(&self, payload: &[u8]) -> Result<()> {
         let mut frame = Vec::with_capacity(payload.len() + 14);
-        encode_client_frame(0x1, payload, &mut frame);
+        self.1.put(0x1, payload, &mut frame);
         self.write_all(&frame).await
     }
 
@@ -261,6 +310,8 @@ struct FrameReader {
     start: usize,
     end: usize,
     max_message: usize,
+    /// Raw: whatever was read is the next message.
+    framing: Framing,
     /// A fragmented message being assembled: opcode and payload so far.
     fragments: Option<(u8, Vec<u8>)>,
     /// The last message assembled from fragments.
@@ -273,12 +324,13 @@ struct FrameReader {
 const READ_CHUNK: usize = 64 * 1024;
 
 impl FrameReader {
-    fn new(max_message: usize) -> FrameReader {
+    fn new(max_message: usize, framing: Framing) -> FrameReader {
         FrameReader {
             buf: vec![0; READ_CHUNK],
             start: 0,
             end: 0,
             max_message,
+            framing,
             fragments: None,
             assembled: vec![],
             ready: None,
@@ -316,6 +368,14 @@ impl FrameReader {
     /// Parses the next frame if it is all in the buffer.
     fn parse(&mut self) -> Result<Parsed> {
         self.ready = None;
+        if self.framing == Framing::Raw {
+            if self.start == self.end {
+                return Ok(Parsed::NeedMore);
+            }
+            self.ready = Some((0x2, Some(self.start..self.end)));
+            self.start = self.end;
+            return Ok(Parsed::Message);
+        }
         loop {
             let b = &self.buf[self.start..self.end];
             if b.len() < 2 {
@@ -436,7 +496,7 @@ mod tests {
 
     /// Feeds `bytes` to a reader in chunks of `chunk` and collects every message.
     fn read_all(bytes: &[u8], chunk: usize) -> Vec<(u8, Vec<u8>)> {
-        let mut r = FrameReader::new(1 << 20);
+        let mut r = FrameReader::new(1 << 20, Framing::WebSocket);
         let mut out = vec![];
         let mut fed = 0;
         loop {
@@ -537,11 +597,11 @@ mod tests {
 
     #[test]
     fn masked_and_oversized_frames_are_errors() {
-        let mut r = FrameReader::new(10);
+        let mut r = FrameReader::new(10, Framing::WebSocket);
         r.spare()[..2].copy_from_slice(&[0x81, 0x85]);
         r.filled(2);
         assert!(r.parse().is_err());
-        let mut r = FrameReader::new(10);
+        let mut r = FrameReader::new(10, Framing::WebSocket);
         r.spare()[..2].copy_from_slice(&[0x82, 11]);
         r.filled(2);
         assert!(r.parse().is_err());

@@ -318,6 +318,171 @@ fn proxy_latency() {
     assert!(e["missing_per_trial"].is_number());
 }
 
+/// herald's MQTT and STOMP paths run the fan-out scenario as its native path does: the same
+/// payload stamp, the same integrity checks (here: nothing lost, duplicated or reordered). A
+/// STOMP run is split into legs by herald's stamp (`stamp:true`); MQTT has no way to ask.
+#[test]
+fn solace_very_high_over_mqtt_and_stomp() {
+    for protocol in ["mqtt", "stomp"] {
+        let set = format!("protocol={protocol}");
+        let Some(v) = run(
+            "solace-3.1.2-very-high",
+            &["--clients", "20", "--set", &set],
+        ) else {
+            return;
+        };
+        check(protocol, &v);
+        let s = &v["steps"][0];
+        assert_eq!(
+            (s["protocol"].as_str(), s["pub_protocol"].as_str()),
+            (Some(protocol), Some(protocol))
+        );
+        assert_eq!(s["egress_expected"].as_f64(), Some(2000.0));
+        assert_eq!(
+            s["pub_to_server_us"]["mean"].is_number(),
+            protocol == "stomp",
+            "{protocol}: legs only where herald stamps: {s}"
+        );
+        let us = s["server_cpu_us_per_delivery"].as_f64().unwrap();
+        assert!(us > 0.0, "{protocol}: server CPU per delivery {us}");
+    }
+}
+
+/// Publishers of one protocol reach subscribers of another, the payload read alike; MQTT
+/// subscribers check each of three publishers' numbering apart.
+#[test]
+fn publishers_and_subscribers_of_different_protocols() {
+    for (subs, publishers) in [("mqtt", "native"), ("native", "mqtt"), ("stomp", "mqtt")] {
+        let sets = sets(&[
+            &format!("protocol={subs}"),
+            &format!("pub_protocol={publishers}"),
+            "publishers=3",
+        ]);
+        let mut args = vec!["--clients", "20"];
+        args.extend(sets.iter().map(String::as_str));
+        let Some(v) = run("solace-3.1.2-very-high", &args) else {
+            return;
+        };
+        check(&format!("{publishers} → {subs}"), &v);
+        assert_eq!(v["steps"][0]["publishers"], 3);
+    }
+}
+
+/// Seed 000's measurement with a STOMP publisher and subscriber: both legs, per trial.
+#[test]
+fn proxy_latency_over_stomp() {
+    let Some(v) = run("proxy-latency-stomp", &["--trials", "2"]) else {
+        return;
+    };
+    check("proxy-latency-stomp", &v);
+    let s = &v["steps"][0];
+    assert_eq!(s["protocol"], "stomp");
+    for k in [
+        "pub_to_server_trials",
+        "server_to_sub_trials",
+        "end_to_end_trials",
+    ] {
+        assert!(
+            s["extra"][k]["count"].as_u64().unwrap() > 0,
+            "stomp proxy: {k}: {s}"
+        );
+    }
+}
+
+/// bench/mqtt-vs-mosquitto.sh at tiny scale: herald native, herald MQTT and a Mosquitto it
+/// starts and stops (the bench against an external server, its CPU by `--server-pid`), and
+/// the table of medians and ratios. Skipped without Debian's mosquitto.
+#[test]
+fn mqtt_vs_mosquitto_script_runs_all_three() {
+    if !Path::new("/usr/sbin/mosquitto").exists() {
+        eprintln!("skipped: needs /usr/sbin/mosquitto");
+        return;
+    }
+    rounds_script(
+        "mqtt-vs-mosquitto.sh",
+        &["herald-native", "herald-mqtt", "mosquitto"],
+        &[
+            "herald-mqtt / herald-native: p99.9",
+            "herald-mqtt / mosquitto: p99.9",
+        ],
+    );
+}
+
+/// bench/reference-pairs.sh at tiny scale: herald and the C reference it builds, starts and
+/// stops, and the ratios between them.
+#[test]
+fn reference_pairs_script_runs_both() {
+    rounds_script(
+        "reference-pairs.sh",
+        &["herald", "reference"],
+        &["herald / reference: p99.9"],
+    );
+}
+
+/// bench/workers-pairs.sh at tiny scale: herald with one worker thread and with two, each
+/// started and stopped by the script.
+#[test]
+fn workers_pairs_script_runs_both() {
+    rounds_script(
+        "workers-pairs.sh",
+        &["two-workers", "one-worker"],
+        &["two-workers / one-worker: p99.9"],
+    );
+}
+
+/// Runs one of the interleaved-round scripts in bench/ for one round of 20 clients and checks
+/// each run's report, that each server's CPU was measured, and the table's rows and ratios.
+/// Skipped without HERALD_BIN or two cores (a server core and a bench core).
+fn rounds_script(script: &str, names: &[&str], ratios: &[&str]) {
+    let Some(bin) = herald_bin() else {
+        eprintln!("skipped: set HERALD_BIN to a built herald");
+        return;
+    };
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs two cores");
+        return;
+    }
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench")
+        .join(script);
+    let out = Command::new(&script)
+        .args([
+            "--clients",
+            "20",
+            "--duration",
+            "2",
+            "--warmup",
+            "0.5",
+            "--rounds",
+            "1",
+        ])
+        .arg("--bin")
+        .arg(&bin)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("failed"), "{stderr}");
+    for name in names {
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(format!("r1-{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        check(name, &v);
+        let s = &v["steps"][0];
+        assert!(s["server_cpu_cores"].as_f64().unwrap() > 0.0, "{name}: {s}");
+        assert!(stdout.contains(&format!("| {name} | 1 |")), "{stdout}");
+    }
+    for ratio in ratios {
+        assert!(stdout.contains(ratio), "{stdout}");
+    }
+}
+
 #[test]
 fn stock_exchange() {
     let Some(v) = run("stock-exchange", &["--clients", "20"]) else {

@@ -64,6 +64,7 @@ fn discards(c: &mut Criterion) {
                 kind: PayloadKind::Text,
                 content_type: None,
                 stamp: true,
+                extras: None,
             };
             n += 1;
             engine.publish(&p, n as u64).expect("a valid publish");

@@ -6,9 +6,11 @@
 //! caches them in the message ([`Message::encoded`]), so a message is encoded at most once per
 //! such protocol, and only if it goes out.
 
+use crate::group::Group;
 use crate::message::Message;
 use crate::reply::{DropReason, Reply};
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// Bytes a connection writes, in two parts shared by refcount: every connection sent the same
 /// message is handed the same bytes.
@@ -45,6 +47,13 @@ pub trait Encode {
     /// whose bytes are the same for every connection builds them through
     /// [`Message::encoded`] with its own slot.
     fn message(&self, message: &Message, out: &mut Vec<Frame>);
+
+    /// A message delivered to the connection as a member of `group` ([`crate::group`]): a
+    /// protocol that tells its subscriptions apart sends it for that one alone. Others send it
+    /// as any message.
+    fn grouped(&self, message: &Message, _group: &Arc<Group>, out: &mut Vec<Frame>) {
+        self.message(message, out)
+    }
 
     /// A reply to one of the connection's requests.
     fn reply(&self, reply: &Reply) -> Frame;

@@ -10,11 +10,13 @@
 //!
 //! This file holds the engine's state and the request entry point; each idea has its file:
 //! `config` (history rules, limits), `connections` (joining, leaving, quotas), `publish`
-//! (numbering, recording, fan-out, remote numbering and holes), `subscribe` (with recovery:
+//! (numbering, recording, fan-out, remote numbering and holes), `groups` (group
+//! subscriptions, whose members share their messages), `subscribe` (with recovery:
 //! `recovery` plans and fits it), `lossless` (who publishers wait for, credit), `interest`
 //! (the patterns held, for a broker), `cluster` (what a broker asks of the engine), `sweep`
 //! (ageing history, forgetting idle topics), `topics` (the topics' state).
 
+use crate::group::Group;
 use crate::index::SubscriptionIndex;
 use crate::message::Message;
 use crate::outbox::Delivery;
@@ -27,6 +29,7 @@ use bytes::Bytes;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Where what the engine sends a connection goes. The server's implementation queues it for
 /// the socket writer, to be encoded in the connection's protocol; tests collect it.
@@ -43,6 +46,18 @@ pub trait Outbox {
     /// A replayed or snapshot message: never dropped, and not counted against the bound on
     /// live messages (a recovery larger than that bound must not cut a healthy subscriber).
     fn recovered(&self, message: &Message);
+
+    /// A live message for `group`, of which the connection is a member (see
+    /// [`crate::outbox::OutboundQueue::deliver_grouped`]).
+    fn deliver_grouped(&self, message: &Message, _group: &Arc<Group>, delivery: &Delivery) {
+        self.deliver(message, delivery)
+    }
+
+    /// Whether a live message of `size` bytes ([`Message::size`]) would be queued now without
+    /// the connection's slow-consumer policy acting: a group passes over a member that says no.
+    fn has_room(&self, _size: usize) -> bool {
+        true
+    }
 
     /// A message for this connection is coming: start loading what [`Outbox::deliver`] will
     /// touch (see [`crate::prefetch`]).
@@ -70,6 +85,14 @@ impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
 
     fn recovered(&self, message: &Message) {
         (**self).recovered(message)
+    }
+
+    fn deliver_grouped(&self, message: &Message, group: &Arc<Group>, delivery: &Delivery) {
+        (**self).deliver_grouped(message, group, delivery)
+    }
+
+    fn has_room(&self, size: usize) -> bool {
+        (**self).has_room(size)
     }
 
     fn prefetch(&self) {
@@ -172,6 +195,8 @@ const _: () = assert!(std::mem::size_of::<Sub>() <= 40);
 struct SubOptions {
     policy: Option<Policy>,
     max_rate: Option<f64>,
+    /// The connection's own messages do not come through it.
+    no_local: bool,
     /// `lossless`: messages (and bytes) the subscriber still grants.
     credit: Credit,
 }
@@ -179,11 +204,12 @@ struct SubOptions {
 impl Sub {
     #[inline]
     fn new(s: &Subscribe, subscribed_at: u64) -> Self {
-        let explicit = s.policy.is_some() || s.max_rate.is_some();
+        let explicit = s.policy.is_some() || s.max_rate.is_some() || s.no_local;
         let options = explicit.then(|| {
             Box::new(SubOptions {
                 policy: s.policy,
                 max_rate: s.max_rate,
+                no_local: s.no_local,
                 credit: if s.policy == Some(Policy::Lossless) {
                     Credit::new(s.window, s.window_bytes, DEFAULT_WINDOW)
                 } else {
@@ -222,6 +248,11 @@ impl Sub {
     }
 
     #[inline]
+    fn no_local(&self) -> bool {
+        self.options.as_ref().is_some_and(|o| o.no_local)
+    }
+
+    #[inline]
     fn is_explicit(&self) -> bool {
         self.options.is_some()
     }
@@ -242,9 +273,24 @@ struct Conn<O> {
     seen: u64,
     /// Who publishes through it, for quotas.
     origin: Origin,
+    /// Its `no_local` subscriptions: while there are none, its own messages are not looked at.
+    no_local: u32,
 }
 
 impl<O> Conn<O> {
+    /// Whether the subscriptions that would bring this connection its own message on `topic`
+    /// are all `no_local` (a subscription that matches and is not keeps the message coming,
+    /// under whichever of its subscriptions [`Conn::policy_for`] chooses).
+    #[inline]
+    fn only_no_local(&self, topic: &str) -> bool {
+        self.no_local > 0
+            && self
+                .subs
+                .iter()
+                .filter(|s| topic::matches(&s.pattern, topic))
+                .all(Sub::no_local)
+    }
+
     /// The policy for `topic` on this connection, its rate, and the subscription whose credit a
     /// `lossless` message spends. Among overlapping subscriptions the highest
     /// [`Policy::rank`] wins, then the earliest subscribed.
@@ -312,6 +358,8 @@ pub struct Engine<O> {
     interest_changes: Vec<Interest>,
     /// Scratch for [`Engine::append`]: the connections a message matched.
     matched: Vec<ConnId>,
+    /// Group subscriptions (see [`crate::group`]).
+    groups: groups::Groups,
     /// What each [`Origin`]'s topics hold, indexed by origin.
     usage: Vec<Usage>,
 }
@@ -332,6 +380,7 @@ impl<O: Outbox> Engine<O> {
             interest: None,
             interest_changes: Vec::new(),
             matched: Vec::new(),
+            groups: groups::Groups::default(),
             usage: Vec::new(),
         }
     }
@@ -399,7 +448,14 @@ impl<O: Outbox> Engine<O> {
         let result = match request {
             Request::Publish(p) => return self.publish_from(conn, &p, now_us).map(Some),
             Request::Subscribe(s) => self.subscribe(conn, s, now_us).map(|()| None),
-            Request::Unsubscribe { id, topic } => self.unsubscribe(conn, id, topic).map(|()| None),
+            Request::Unsubscribe {
+                id,
+                topic,
+                group: Some(group),
+            } => self.leave_group(conn, id, topic, &group).map(|()| None),
+            Request::Unsubscribe { id, topic, .. } => {
+                self.unsubscribe(conn, id, topic).map(|()| None)
+            }
             Request::Ping { id } => {
                 self.reply(conn, &Reply::Pong { id });
                 Ok(None)
@@ -407,8 +463,18 @@ impl<O: Outbox> Engine<O> {
             Request::Credit {
                 id,
                 topic,
+                group: Some(group),
                 n,
                 bytes,
+            } => self
+                .credit_group(conn, id, &topic, &group, n, bytes)
+                .map(|()| None),
+            Request::Credit {
+                id,
+                topic,
+                n,
+                bytes,
+                ..
             } => self.credit(conn, id, &topic, n, bytes).map(|()| None),
             Request::Auth { id, .. } => Err(ProtocolError::new(
                 "unknown_op",
@@ -453,6 +519,7 @@ fn message_of(
     };
     let content_type = p.content_type.as_deref().map(Box::from);
     Message::new(head.clone(), seq, p.kind, payload, content_type, stamp_us)
+        .with_extras(p.extras.clone())
 }
 
 /// `origin`'s usage, made when first needed.
@@ -507,6 +574,7 @@ impl<O> Engine<O> {
 mod cluster;
 mod config;
 mod connections;
+mod groups;
 mod interest;
 mod lossless;
 mod publish;

@@ -6,12 +6,14 @@
 //! - [`request`], [`reply`]: what clients ask and what herald answers, whatever the protocol.
 //! - [`message`]: a numbered message, shared by refcount, with each protocol's encoding of it
 //!   cached beside it; [`codec`]: what a protocol implements to turn messages, replies and
-//!   notices into the bytes a connection writes.
+//!   notices into the bytes a connection writes; [`extras`]: what a message may carry
+//!   besides (an expiry, metadata a protocol carries through).
 //! - [`wire`]: the native protocol codec (JSON over WebSocket).
 //! - [`engine`]: topics (sequence, epoch, history, last value), subscriptions, fan-out; its
 //!   recovery (what a subscription is sent before its live messages: `since`, its cursor,
 //!   `snapshot`) and its sweep (aged history, idle topics forgotten) are modules of their own.
 //! - [`outbox`]: a connection's bounded outbound queue, where slow-consumer policies act.
+//! - [`group`]: group subscriptions, whose members share their messages, and whose turn it is.
 //! - [`subject`]: topics and patterns as NATS subjects (injective escaping), for clusters.
 //! - [`policy`]: the slow-consumer policies and their configured defaults.
 //! - [`grant`]: permissions as topic patterns, what a token allows.
@@ -20,7 +22,9 @@
 
 pub mod codec;
 pub mod engine;
+pub mod extras;
 pub mod grant;
+pub mod group;
 pub mod index;
 pub mod message;
 pub mod mix;

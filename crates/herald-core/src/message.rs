@@ -13,6 +13,7 @@
 //! and encodes for each.
 
 use crate::codec::Frame;
+use crate::extras::Extras;
 use crate::request::PayloadKind;
 use bytes::Bytes;
 use std::sync::{Arc, OnceLock};
@@ -70,9 +71,10 @@ impl TopicHead {
 /// A numbered message, shared (see the module's documentation).
 ///
 /// Memory: one allocation of 256 bytes (a mimalloc size class) holding its numbering's
-/// [`TopicHead`] (shared), seq, receive stamp, payload handle, content type and the
-/// [`ENCODING_SLOTS`] cached encodings (72 bytes each, empty until a protocol sends it); plus
-/// the payload's own bytes, and each cached encoding's bytes once made.
+/// [`TopicHead`] (shared), seq, receive stamp, payload handle, content type, its [`Extras`]
+/// if it has any (shared) and the [`ENCODING_SLOTS`] cached encodings (72 bytes each, empty
+/// until a protocol sends it); plus the payload's own bytes, and each cached encoding's bytes
+/// once made.
 #[derive(Clone, Debug)]
 pub struct Message(Arc<Inner>);
 
@@ -84,8 +86,10 @@ struct Inner {
     payload: Bytes,
     content_type: Option<Box<str>>,
     kind: PayloadKind,
-    /// [`Message::size`], counted once: every queue it joins asks for it.
-    size: usize,
+    /// [`Message::size`], counted once: every queue it joins asks for it. 32 bits, so that
+    /// `extras` fits the block: a larger message counts as 4 GiB.
+    size: u32,
+    extras: Option<Arc<Extras>>,
     encoded: [OnceLock<Frame>; ENCODING_SLOTS],
 }
 
@@ -115,9 +119,35 @@ impl Message {
             payload,
             content_type,
             kind,
-            size,
+            size: u32::try_from(size).unwrap_or(u32::MAX),
+            extras: None,
             encoded: Default::default(),
         }))
+    }
+
+    /// The message with `extras`, counted in its size. Called on a message just made (not yet
+    /// shared); a shared one is returned as it is.
+    #[inline]
+    pub fn with_extras(mut self, extras: Option<Arc<Extras>>) -> Self {
+        let Some(extras) = extras else {
+            return self;
+        };
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            let size = inner.size as usize + extras.size();
+            inner.size = u32::try_from(size).unwrap_or(u32::MAX);
+            inner.extras = Some(extras);
+        }
+        self
+    }
+
+    /// What it carries besides herald's own fields, if anything.
+    pub fn extras(&self) -> Option<&Arc<Extras>> {
+        self.0.extras.as_ref()
+    }
+
+    /// Whether it has expired at `now_us` (µs since the UNIX epoch); most messages never do.
+    pub fn expired(&self, now_us: u64) -> bool {
+        self.0.extras.as_ref().is_some_and(|e| e.expired(now_us))
     }
 
     /// Its topic's numbering.
@@ -161,11 +191,11 @@ impl Message {
     }
 
     /// What holding this message for a connection counts against its bounds (queue, recovery)
-    /// and what history counts it as: payload, topic, epoch and content type plus
+    /// and what history counts it as: payload, topic, epoch, content type and extras plus
     /// [`MESSAGE_OVERHEAD`]. Known before any protocol encodes it, the same for every
     /// protocol, and close to herald's own encoding's length.
     pub fn size(&self) -> usize {
-        self.0.size
+        self.0.size as usize
     }
 
     /// Starts loading the message's own block (see [`crate::prefetch`]).
@@ -210,5 +240,27 @@ mod tests {
         m.encoded(1, encode);
         assert_eq!(calls.get(), 2, "another slot encodes for itself");
         assert_eq!(m.size(), 3 + 3 + 2 + MESSAGE_OVERHEAD);
+    }
+
+    #[test]
+    fn extras_count_in_the_size_and_carry_the_expiry() {
+        let extras = || {
+            Some(Arc::new(Extras {
+                expires_us: Some(5),
+                user_properties: vec![("k".into(), "vv".into())],
+                ..Extras::default()
+            }))
+        };
+        let head = TopicHead::new("a".into(), "e".into());
+        let plain = Message::new(head, 1, PayloadKind::Binary, Bytes::new(), None, None);
+        let shared = plain.clone().with_extras(extras());
+        assert!(
+            shared.extras().is_none(),
+            "a shared message is left as it is"
+        );
+        drop(plain);
+        let m = shared.with_extras(extras());
+        assert_eq!(m.size(), 1 + 1 + MESSAGE_OVERHEAD + 3);
+        assert!(!m.expired(4) && m.expired(5));
     }
 }

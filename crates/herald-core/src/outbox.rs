@@ -8,6 +8,7 @@
 //! length: what a slow reader makes the server hold on its behalf.
 
 use crate::codec::{Encode, Frame};
+use crate::group::Group;
 use crate::message::Message;
 use crate::policy::QueuePolicy;
 use crate::reply::DropReason;
@@ -56,6 +57,9 @@ enum Entry {
     /// A message, encoded as it is drained; its topic is set under `drop` or `conflate`, whose
     /// messages the queue may discard or replace.
     Message(Message, Option<Arc<str>>),
+    /// A message delivered for a group the connection is a member of. Boxed: one per group
+    /// per message, rare beside the others.
+    Grouped(Box<(Message, Arc<Group>)>),
 }
 
 impl Entry {
@@ -64,6 +68,7 @@ impl Entry {
         match self {
             Entry::Frame(frame) => frame.len(),
             Entry::Message(message, _) => message.size(),
+            Entry::Grouped(grouped) => grouped.0.size(),
         }
     }
 }
@@ -261,6 +266,42 @@ impl OutboundQueue {
         delivered
     }
 
+    /// Queues a message delivered for `group`: when it fits, whatever the policy (a group's
+    /// member is chosen among those with room: [`crate::group`]); when it does not, the
+    /// policy decides as for any message that finds the queue full, except that a group's
+    /// message is never merged with others: under `drop` and `conflate` it is dropped itself,
+    /// and counted in the next `dropped` notice.
+    pub fn deliver_grouped(
+        &mut self,
+        message: &Message,
+        group: &Arc<Group>,
+        d: &Delivery,
+    ) -> Delivered {
+        let mut delivered = Delivered {
+            pushed: Pushed::Queued,
+            dropped: 0,
+            conflated: 0,
+        };
+        if self.closed {
+            delivered.pushed = Pushed::Closed;
+        } else if self.fits(message.size()) {
+            self.append(Entry::Grouped(Box::new((message.clone(), group.clone()))));
+            delivered.pushed = self.pushed();
+        } else if d.policy == QueuePolicy::Keep {
+            delivered.pushed = Pushed::Overflow;
+        } else {
+            self.note_drop(d.topic.clone());
+            delivered.dropped = 1;
+        }
+        delivered
+    }
+
+    /// Whether a message of `size` bytes ([`Message::size`]) would be queued now without its
+    /// policy acting.
+    pub fn has_room(&self, size: usize) -> bool {
+        !self.closed && self.fits(size)
+    }
+
     /// Whether `size` more bytes may join the live backlog: always into an empty one (a message
     /// larger than the bound still goes whole), else within the bound.
     fn fits(&self, size: usize) -> bool {
@@ -313,7 +354,17 @@ impl OutboundQueue {
     /// in one vectored write): throttled messages whose time has come join the queue, then a
     /// `dropped` notice per topic that lost messages to `drop`, then the queue in order, each
     /// conflated message preceded by the notice of the values it superseded.
+    #[inline]
     pub fn drain_into<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
+        // Checked inline: most calls find the queue empty (a direct write drains again after
+        // writing, to take what came meanwhile), and then no call is worth making.
+        if self.slots.is_empty() && self.due.is_empty() && self.dropped.is_empty() {
+            return;
+        }
+        self.drain_waiting(out, codec, now_us);
+    }
+
+    fn drain_waiting<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
         while let Some(Reverse((due, _))) = self.due.peek() {
             if *due > now_us {
                 break;
@@ -349,6 +400,10 @@ impl OutboundQueue {
                     continue;
                 }
                 Some(Entry::Message(message, topic)) => (message, topic),
+                Some(Entry::Grouped(grouped)) => {
+                    codec.grouped(&grouped.0, &grouped.1, out);
+                    continue;
+                }
             };
             if let Some(topic) = &topic {
                 if let Some(state) = self.conflated.get_mut(topic) {
@@ -370,7 +425,14 @@ impl OutboundQueue {
     /// Gives back the memory a burst left behind, once the queue is empty: an idle connection
     /// (most of them, most of the time) should not keep room for the hundred replies of its
     /// subscribe burst. Small capacities stay, so steady traffic never reallocates.
+    #[inline]
     pub fn shrink_idle(&mut self) {
+        if self.slots.capacity() > IDLE_CAPACITY || self.droppable.capacity() > IDLE_CAPACITY {
+            self.shrink_emptied();
+        }
+    }
+
+    fn shrink_emptied(&mut self) {
         if self.slots.is_empty() && self.slots.capacity() > IDLE_CAPACITY {
             self.slots.shrink_to(IDLE_CAPACITY);
         }
@@ -472,6 +534,64 @@ mod tests {
         }
         q.shrink_idle();
         assert!(q.slots.capacity() >= 100);
+    }
+
+    #[test]
+    fn a_grouped_message_goes_to_its_group_and_a_full_queue_applies_the_policy() {
+        use crate::message::TopicHead;
+        use crate::request::PayloadKind;
+
+        /// Marks what it encodes: `m` a message, `g:NAME` one for a group.
+        struct Marks;
+        impl Encode for Marks {
+            fn message(&self, _: &Message, out: &mut Vec<Frame>) {
+                out.push(frame_of("m"));
+            }
+            fn grouped(&self, _: &Message, group: &Arc<Group>, out: &mut Vec<Frame>) {
+                out.push(frame_of(&format!("g:{}", group.name)));
+            }
+            fn reply(&self, _: &crate::reply::Reply) -> Frame {
+                Frame::default()
+            }
+            fn dropped(&self, topic: &str, count: u64, _: DropReason) -> Frame {
+                frame_of(&format!("dropped {topic} {count}"))
+            }
+        }
+        fn frame_of(s: &str) -> Frame {
+            Frame {
+                head: Bytes::from(s.to_owned()),
+                body: Bytes::new(),
+            }
+        }
+        let topic: Arc<str> = "t".into();
+        let head = TopicHead::new(topic.clone(), "e".into());
+        let m = Message::new(head, 1, PayloadKind::Binary, Bytes::new(), None, None);
+        let group = Arc::new(Group {
+            name: "g".into(),
+            pattern: "t".into(),
+        });
+        let d = |policy| Delivery {
+            topic: &topic,
+            policy,
+            rule: None,
+            now_us: 0,
+        };
+        let mut q = OutboundQueue::new(m.size() * 2);
+        assert!(q.has_room(m.size()));
+        q.deliver(&m, &d(QueuePolicy::Keep));
+        q.deliver_grouped(&m, &group, &d(QueuePolicy::Keep));
+        assert!(!q.has_room(m.size()));
+        let dropped = q.deliver_grouped(&m, &group, &d(QueuePolicy::Drop));
+        assert_eq!((dropped.pushed, dropped.dropped), (Pushed::Queued, 1));
+        let kept = q.deliver_grouped(&m, &group, &d(QueuePolicy::Keep));
+        assert_eq!(kept.pushed, Pushed::Overflow);
+        let mut out = Vec::new();
+        q.drain_into(&mut out, &Marks, 0);
+        let got: Vec<_> = out
+            .iter()
+            .map(|f| String::from_utf8_lossy(&f.head).into_owned())
+            .collect();
+        assert_eq!(got, ["dropped t 1", "m", "g:g"]);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub enum Request {
     Unsubscribe {
         id: Option<RequestId>,
         topic: String,
+        /// Leaves this group's subscription to `topic` ([`Subscribe::group`]), rather than
+        /// the connection's own.
+        group: Option<String>,
     },
     Publish(Publish),
     Ping {
@@ -50,6 +53,8 @@ pub enum Request {
     Credit {
         id: Option<RequestId>,
         topic: String,
+        /// The credit is the connection's as a member of this group ([`Subscribe::group`]).
+        group: Option<String>,
         n: u64,
         bytes: u64,
     },
@@ -73,6 +78,12 @@ pub struct Subscribe {
     /// `lossless`: payload bytes granted up front (a byte window besides, or instead of, the
     /// message window).
     pub window_bytes: Option<u64>,
+    /// Join the group of this name and pattern instead ([`crate::group`]): each message goes
+    /// to one of its members. A group subscription takes no recovery (`snapshot`, `since`,
+    /// `cursor`).
+    pub group: Option<String>,
+    /// Messages this connection publishes itself do not come back through this subscription.
+    pub no_local: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -84,6 +95,8 @@ pub struct Publish {
     pub kind: PayloadKind,
     pub content_type: Option<String>,
     pub stamp: bool,
+    /// What the message carries besides (see [`crate::extras`]); most carry nothing.
+    pub extras: Option<std::sync::Arc<crate::extras::Extras>>,
 }
 
 /// A request that could not be decoded or carried out: a stable code and a message for people.

@@ -77,6 +77,10 @@ pub struct Config {
     /// Whether the kernel may give `herald serve` transparent huge pages; off by default, for
     /// the latency tail (see [`crate::process::set_transparent_huge_pages`]).
     pub transparent_huge_pages: bool,
+    /// Threads `herald serve` runs connections on; 0: one per core the process may use.
+    /// Connections, the publish fan-out and the writes spread over them; the engine's state
+    /// is one, behind one lock (docs/performance.md, "Cores").
+    pub workers: usize,
     /// Address of a plain TCP listener speaking STOMP (docs/stomp.md); absent: none. STOMP
     /// over WebSocket is always served at `/stomp` on `listen`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -113,6 +117,7 @@ impl Default for Config {
             max_topics: engine.max_topics,
             topic_idle_secs: engine.topic_idle_us / 1_000_000,
             transparent_huge_pages: false,
+            workers: 0,
             stomp_listen: None,
             stomp_dialect: Default::default(),
         }
@@ -138,6 +143,7 @@ const ENV_KEYS: &[&str] = &[
     "max_topics",
     "topic_idle_secs",
     "transparent_huge_pages",
+    "workers",
     "stomp_listen",
     "stomp_dialect",
 ];
@@ -391,6 +397,7 @@ mod tests {
             jail.set_env("HERALD_URL", "ws://ignored");
             jail.set_env("HERALD_MQTT_LISTEN", "127.0.0.1:1883");
             jail.set_env("HERALD_MQTT_SESSION_EXPIRY_MAX_SECS", "60");
+            jail.set_env("HERALD_WORKERS", "3");
             let flags = serde_json::json!({ "listen": "127.0.0.1:9001" });
             let c = Config::load(Some(Path::new("herald.toml")), flags).unwrap();
             assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
@@ -398,6 +405,7 @@ mod tests {
             assert_eq!(Config::default().mqtt_listen, None);
             assert_eq!(c.mqtt_session_expiry_max_secs, 60);
             assert_eq!(c.max_connections, 6);
+            assert_eq!((c.workers, Config::default().workers), (3, 0));
             assert_eq!(c.max_outbound_bytes, 1000);
             assert!(c.transparent_huge_pages && !Config::default().transparent_huge_pages);
             assert_eq!(c.history.len(), 1);

@@ -19,6 +19,7 @@ use crate::socket::{DirectSocket, SharedWrite};
 use bytes::Buf;
 use herald_core::codec::{Encode, Frame};
 use herald_core::engine::Outbox;
+use herald_core::group::Group;
 use herald_core::message::Message;
 use herald_core::outbox::{Delivery, OutboundQueue, Pushed, IDLE_CAPACITY};
 use herald_core::prefetch::prefetch;
@@ -123,6 +124,19 @@ impl Outbox for Connection {
                 .policy(PolicyAction::Conflate, d.rule, delivered.conflated);
         }
         self.after_push(delivered.pushed, d.rule);
+    }
+
+    fn deliver_grouped(&self, message: &Message, group: &Arc<Group>, d: &Delivery) {
+        let delivered = self.out.lock().queue.deliver_grouped(message, group, d);
+        if delivered.dropped > 0 {
+            self.metrics
+                .policy(PolicyAction::Drop, d.rule, delivered.dropped);
+        }
+        self.after_push(delivered.pushed, d.rule);
+    }
+
+    fn has_room(&self, size: usize) -> bool {
+        self.out.lock().queue.has_room(size)
     }
 
     fn prefetch(&self) {

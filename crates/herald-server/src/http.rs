@@ -217,6 +217,7 @@ async fn publish(
         kind,
         content_type,
         stamp: options.stamp,
+        extras: None,
     };
     match node.publish_http(&request, origin).await {
         Ok(p) => {

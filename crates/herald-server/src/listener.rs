@@ -389,6 +389,7 @@ mod tests {
             kind: PayloadKind::Binary,
             content_type: None,
             stamp: false,
+            extras: None,
         };
         node.publish_http(&publish, 0).await.unwrap();
     }

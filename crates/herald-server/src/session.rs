@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
@@ -336,7 +336,10 @@ async fn drive<P: Protocol, S: InputSource>(
     };
     tokio::pin!(writer);
     // `written`: herald's close went out.
+    // `biased`: polled in this order, without drawing a random number at every wake (the
+    // reader's and the writer's futures end only with the connection, so none starves).
     let (why, written) = tokio::select! {
+        biased;
         why = read_requests(&mut session, &mut protocol, &mut reader) => {
             let written = writer.await.is_ok();
             (conn.close_reason().unwrap_or(why), written)
@@ -369,7 +372,7 @@ async fn drive<P: Protocol, S: InputSource>(
     if !requests.is_empty() {
         let mut pending = Pending::default();
         for request in requests {
-            if let Ok(Some(request)) = admit(node, id, conn, session.access, socket, request) {
+            if let Ok(true) = admit(node, id, conn, session.access, socket, &request) {
                 let outcome = match node.handle_now(id, request, &mut pending, now_us()) {
                     Ok(outcome) => outcome,
                     Err(request) => Box::pin(node.handle_waiting(id, request, &mut pending)).await,
@@ -511,6 +514,11 @@ impl InputSource for StreamReader {
 struct Activity {
     started: Instant,
     last_ms: AtomicU64,
+    /// The reader waits for a held publish: herald, not the client, stopped reading, so the
+    /// client is not quiet (for the idle timeout, and for a ping sent to a quiet client) until
+    /// the reader resumes (what the client sent meanwhile, its heart-beats included, waits
+    /// unread in the socket).
+    held: AtomicBool,
     keepalive: Mutex<Keepalive>,
     /// Wakes the keep-alive timer when the protocol changes it.
     changed: Notify,
@@ -523,6 +531,7 @@ impl Activity {
         Activity {
             started: Instant::now(),
             last_ms: AtomicU64::new(0),
+            held: AtomicBool::new(false),
             keepalive: Mutex::new(keepalive),
             changed: Notify::new(),
             renegotiates,
@@ -558,7 +567,15 @@ impl Activity {
         self.resumed()
     }
 
+    /// The reader is held by (`true`), or released from, a publish waiting for credit.
+    fn hold(&self, held: bool) {
+        self.held.store(held, Ordering::Relaxed);
+    }
+
     fn quiet_for(&self) -> Duration {
+        if self.held.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
         let ms = self.started.elapsed().as_millis() as u64;
         Duration::from_millis(ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
     }
@@ -619,6 +636,7 @@ async fn keepalive(conn: &Connection, activity: &Activity) -> Disconnect {
             }
         }
         tokio::select! {
+            biased;
             () = sleep.as_mut() => {}
             () = activity.changes() => pinged = Instant::now(),
         }
@@ -698,11 +716,11 @@ async fn read_requests<P: Protocol, S: InputSource>(
             // In a block of its own: the request's slots end here, so that a wait keeps only
             // its box across the await (rustc keeps a moved-from local while it is in scope).
             let (waiting, releases) = {
-                let request = match admit(node, id, conn, session.access, socket, request) {
-                    Ok(Some(request)) => request,
-                    Ok(None) => continue,
+                match admit(node, id, conn, session.access, socket, &request) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
                     Err(why) => return why,
-                };
+                }
                 if let Request::Publish(p) = &request {
                     node.metrics.messages_in_ws.inc();
                     node.metrics.bytes_in_ws.inc_by(p.payload.len() as u64);
@@ -726,8 +744,10 @@ async fn read_requests<P: Protocol, S: InputSource>(
             // `{ waiting }` moves it whole (a `None` too), which frees `pending` for what
             // follows.
             if let Some(waiting) = { waiting } {
+                activity.hold(true);
                 node.account(waiting.await);
-                now = ReadAt::now();
+                activity.hold(false);
+                now = activity.resumed();
             }
             if releases {
                 node.released.notify_waiters();
@@ -818,8 +838,8 @@ async fn read_requests<P: Protocol, S: InputSource>(
     }
 }
 
-/// A request the protocol asked for, checked against the connection's access: `Some` to
-/// carry out; `None` once answered here (an `auth`, a refusal: the connection stays); `Err`
+/// Checks a request the protocol asked for against the connection's access: `true` to carry
+/// it out; `false` once answered here (an `auth`, a refusal: the connection stays); `Err`
 /// when the connection closed for it.
 fn admit(
     node: &Node,
@@ -827,10 +847,10 @@ fn admit(
     conn: &Connection,
     access: &mut Access,
     socket: Option<&SocketHandle>,
-    request: Request,
-) -> Result<Option<Request>, Disconnect> {
-    match access.admit(&request) {
-        Admit::Pass => Ok(Some(request)),
+    request: &Request,
+) -> Result<bool, Disconnect> {
+    match access.admit(request) {
+        Admit::Pass => Ok(true),
         Admit::Reply(reply) => {
             match &reply {
                 Reply::Error { code, .. } => node.count_error(code),
@@ -839,7 +859,7 @@ fn admit(
                 _ => {}
             }
             conn.answer(&reply);
-            Ok(None)
+            Ok(false)
         }
         Admit::Close(reply) => {
             node.count_error("unauthorized");

@@ -180,6 +180,7 @@ async fn transfer(
         kind: PayloadKind::Binary,
         content_type: Some(content_type),
         stamp: false,
+        extras: None,
     };
     let seq = match node.publish_http(&request, 0).await {
         Ok(published) => published.seq,

@@ -105,6 +105,65 @@ async fn concurrent_publishers_and_writer_tasks_never_interleave() {
     server.stop().await;
 }
 
+/// Four publishers on two worker threads publish to the same eight topics at once: every
+/// subscriber gets each topic's messages once each, numbered without a gap, and each
+/// publisher's messages of a topic in the order it sent them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishers_sharing_topics_on_two_workers_keep_numbering_and_order() {
+    const TOPICS: usize = 8;
+    const PUBLISHERS: usize = 4;
+    const EACH: usize = 1_000;
+    let server = TestServer::start(Config::default()).await;
+    let mut subs = Vec::new();
+    for s in 0..12 {
+        let mut sub = server.connect().await;
+        subscribe(&mut sub, if s % 2 == 0 { "shared/>" } else { "shared/*" }).await;
+        subs.push(sub);
+    }
+    let mut publishers = Vec::new();
+    for p in 0..PUBLISHERS {
+        let mut publisher = server.connect().await;
+        publishers.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let topic = format!("shared/{}", (i + p) % TOPICS);
+                let msg = json!({"op": "pub", "topic": topic, "data": format!("{p}:{i}")});
+                send(&mut publisher, msg).await;
+            }
+            send(&mut publisher, json!({"op": "ping", "id": p})).await;
+            while recv_json(&mut publisher).await["op"] != "pong" {}
+            publisher
+        }));
+    }
+    for p in publishers {
+        p.await.unwrap();
+    }
+    for sub in &mut subs {
+        let mut next_seq = [1u64; TOPICS];
+        // Per publisher and topic, the last message number seen.
+        let mut last = [[None::<usize>; TOPICS]; PUBLISHERS];
+        for _ in 0..PUBLISHERS * EACH {
+            let m = recv_json(sub).await;
+            assert_eq!(m["op"], "msg", "{m}");
+            let t: usize = m["topic"].as_str().unwrap()["shared/".len()..]
+                .parse()
+                .unwrap();
+            assert_eq!(m["seq"], next_seq[t], "gapless, once each: {m}");
+            next_seq[t] += 1;
+            let (p, i) = m["data"].as_str().unwrap().split_once(':').unwrap();
+            let (p, i): (usize, usize) = (p.parse().unwrap(), i.parse().unwrap());
+            assert!(
+                last[p][t].is_none_or(|before| before < i),
+                "publisher {p}'s order on topic {t}: {m}"
+            );
+            last[p][t] = Some(i);
+        }
+        assert!(next_seq
+            .iter()
+            .all(|&n| n == 1 + (PUBLISHERS * EACH / TOPICS) as u64));
+    }
+    server.stop().await;
+}
+
 /// A client may send its first frame in the same packet as its handshake: hyper has then read
 /// it already, and the session must still see it (the socket is taken out of hyper).
 #[tokio::test]

@@ -42,25 +42,22 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new().expect("cannot start the async runtime");
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => serve::run(*args).await,
-            Command::Pub(args) => publish::run(args).await,
-            Command::Sub(args) => subscribe::run(args).await,
-            Command::Token(args) => token::run(args),
-            Command::Bench(args) => {
-                // A stall of the bench's own counts as herald's latency, so the bench takes no
-                // huge pages either. A server it spawns inherits this; `herald serve` then sets
-                // its own from its configuration.
-                if let Err(e) = herald_server::process::set_transparent_huge_pages(false) {
-                    eprintln!("herald bench: cannot turn transparent huge pages off: {e}");
-                }
-                herald_bench::run(*args).await
+    let result = match Cli::parse().command {
+        // Sized by its configuration (`workers`): a runtime of its own.
+        Command::Serve(args) => serve::run(*args),
+        Command::Pub(args) => on_runtime(publish::run(args)),
+        Command::Sub(args) => on_runtime(subscribe::run(args)),
+        Command::Token(args) => token::run(args),
+        Command::Bench(args) => on_runtime(async {
+            // A stall of the bench's own counts as herald's latency, so the bench takes no
+            // huge pages either. A server it spawns inherits this; `herald serve` then sets
+            // its own from its configuration.
+            if let Err(e) = herald_server::process::set_transparent_huge_pages(false) {
+                eprintln!("herald bench: cannot turn transparent huge pages off: {e}");
             }
-        }
-    });
+            herald_bench::run(*args).await
+        }),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -68,4 +65,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a client command or the bench on a runtime with a thread per core.
+fn on_runtime(
+    command: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().expect("cannot start the async runtime");
+    runtime.block_on(command)
 }

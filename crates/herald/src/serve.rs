@@ -70,6 +70,10 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     topic_idle_secs: Option<u64>,
+    /// Threads serving connections; 0: one per core [default: 0]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workers: Option<usize>,
     /// Sockets (HTTP and WebSocket) open at once [default: 10000]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -214,7 +218,21 @@ enum LogFormat {
     Json,
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// Runs `herald serve` on a runtime of its own, sized by the configuration's `workers`.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(args.config.as_deref(), &args.overrides)?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.workers > 0 {
+        runtime.worker_threads(config.workers);
+    }
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(args, config))
+}
+
+async fn serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log)?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt()
@@ -225,7 +243,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
-    let config = Config::load(args.config.as_deref(), &args.overrides)?;
     herald_server::process::raise_open_file_limit();
     if let Err(e) =
         herald_server::process::set_transparent_huge_pages(config.transparent_huge_pages)

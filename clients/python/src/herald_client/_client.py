@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -21,11 +22,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
-from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from . import _reader
+from ._connection import Connection
 from ._errors import (
     ClientClosed,
     ConnectionLost,
@@ -49,6 +49,7 @@ from ._types import (
     StateEvent,
     Subscribed,
     decode_frame,
+    decode_head,
     encode_head,
     topic_matches,
 )
@@ -62,29 +63,37 @@ GapHandler: TypeAlias = Callable[[GapError], Awaitable[None] | None]
 
 # Payloads up to this size are joined to their header into one frame (a cheap copy); larger ones
 # go as further fragments of the same message, views of the caller's buffer, so the client never
-# copies them itself.
+# copies them itself (_connection.py).
 _JOIN_BELOW = 64 * 1024
-
-# The size of those fragments. websockets copies each fragment it sends several times (masked into
-# a new buffer, written into a BytesIO, the part the socket did not take sliced off and appended to
-# the transport's buffer); a fragment below glibc's default mmap threshold (128 KiB) keeps each of
-# those copies a small block the heap reuses. One frame of the whole payload makes them blocks as
-# large as the payload, which glibc maps and unmaps for every message: for an 8 MiB image about
-# 4,000 page faults and three times the CPU (bench/throughput.py reports both).
-_FRAGMENT = 124 * 1024
 
 
 class _Ticket:
     """The lossless credit one live message spent at herald: granted back once every lossless
-    subscription of `pattern` that took the message has handled it."""
+    subscription of `pattern` that took the message has handled it. `batch` is how many messages
+    (and payload bytes) may be granted together while more handled ones follow."""
 
-    __slots__ = ("bytes", "pattern", "pending", "ws")
+    __slots__ = ("batch", "bytes", "pattern", "pending", "ws")
 
-    def __init__(self, pattern: str, nbytes: int, ws: ClientConnection | None) -> None:
+    def __init__(self, pattern: str, nbytes: int, ws: Connection | None, batch: tuple[int, int]) -> None:
         self.pattern = pattern
         self.bytes = nbytes
         self.ws = ws
+        self.batch = batch
         self.pending = 0
+
+
+class _Route:
+    """A pattern whose subscriptions take messages of some topic, with what delivering them needs:
+    whether one is lossless (a message spends its credit), has a byte window, and its credit batch."""
+
+    __slots__ = ("batch", "byte_window", "lossless", "pattern", "subs")
+
+    def __init__(self, pattern: str, subs: list[Subscription]) -> None:
+        self.pattern = pattern
+        self.subs = subs
+        self.lossless = any(s.lossless for s in subs)
+        self.byte_window = any(s.byte_window for s in subs)
+        self.batch = _credit_batch(subs)
 
 
 class _End:
@@ -100,45 +109,52 @@ _Item: TypeAlias = tuple[Message, _Ticket | None] | GapError | _End
 
 
 class _Inbox:
-    """A subscription's queue. `limit` bounds the messages waiting for a slow consumer: past it
-    the client stops reading the socket, so herald's slow-consumer policy acts instead of the
-    client's memory growing. Gap reports and the end marker always fit."""
+    """A subscription's queue. `limit` bounds the messages waiting for a slow consumer: once it is
+    full the client stops reading the socket (`crowded` is set, and `on_room` called when it has
+    room again), so herald's slow-consumer policy acts instead of the client's memory growing.
+    Gap reports and the end marker always fit."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_room: Callable[[_Inbox], None]) -> None:
         self._items: deque[_Item] = deque()
         self._limit = limit
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._writable.set()
+        self._on_room = on_room
+        self._waiter: asyncio.Future[None] | None = None
+        self.crowded = False
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def push(self, item: _Item) -> None:
         self._items.append(item)
-        self._readable.set()
-        if self.full():
-            self._writable.clear()
-
-    async def writable(self) -> None:
-        await self._writable.wait()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def pop(self) -> _Item:
         while not self._items:
-            self._readable.clear()
-            await self._readable.wait()
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         item = self._items[0]
         if not isinstance(item, _End):  # the end marker stays for any later reader
             self._items.popleft()
-        if not self.full():
-            self._writable.set()
+        if self.crowded and not self.full():
+            self.crowded = False
+            self._on_room(self)
         return item
 
     def end(self, item: _End, discard: bool) -> None:
         """Queues the end marker, after what is queued or (`discard`) instead of it; from now on
-        nothing waits for room (no one may read)."""
+        it is never full (no one may read)."""
         if discard:
             self._items.clear()
         self._limit = 0
         self.push(item)
-        self._writable.set()
+        if self.crowded:
+            self.crowded = False
+            self._on_room(self)
 
     def full(self) -> bool:
         return bool(self._limit) and len(self._items) >= self._limit
@@ -173,7 +189,7 @@ class Subscription:
         self.active = True
         self._client = client
         self._ready: asyncio.Future[Subscribed] = asyncio.get_running_loop().create_future()
-        self._inbox = _Inbox(0 if self.lossless else buffer)
+        self._inbox = _Inbox(0 if self.lossless else buffer, client._has_room)
         self._handled: _Ticket | None = None
         self._handler = handler
         self._on_gap = on_gap
@@ -213,7 +229,7 @@ class Subscription:
     def _done_with_last(self) -> None:
         ticket, self._handled = self._handled, None
         if ticket is not None:
-            self._client._handled(ticket)
+            self._client._handled(ticket, idle=not self._inbox)
 
     async def _run_handler(self, handler: Handler) -> None:
         while True:
@@ -234,7 +250,7 @@ class Subscription:
                         HeraldError(f"the handler for {self.pattern} raised on {m.topic}: {e!r}", "handler")
                     )
             if ticket is not None:
-                self._client._handled(ticket)
+                self._client._handled(ticket, idle=not self._inbox)
 
     async def _report_gap(self, gap: GapError) -> None:
         if self._on_gap is None:
@@ -291,14 +307,20 @@ class Client:
         self._timeout = request_timeout
         self._refresh_before = refresh_before
         self._buffer = buffer
-        self._ws: ClientConnection | None = None
+        self._ws: Connection | None = None
         self._next_id = 1
         self._pending: dict[int, tuple[asyncio.Future[dict[str, Any]], Callable[[dict[str, Any]], None] | None]] = {}
         # Subscriptions by pattern, in the order herald first saw the patterns (its tie-break
         # for which lossless subscription a message charges).
         self._patterns: dict[str, list[Subscription]] = {}
+        # Per topic, the patterns that take it: found once, forgotten when subscriptions change.
+        self._routes: dict[str, list[_Route]] = {}
+        # Lossless credit earned and not yet granted, per pattern: [messages, payload bytes].
         self._credits: dict[str, list[int]] = {}
         self._credit_flush: asyncio.Task[None] | None = None
+        self._grant_soon = False
+        # Inboxes full: while there is one, the socket is not read.
+        self._crowded: set[_Inbox] = set()
         # Message frames still to come that a `subscribed` reply announced as replayed: they
         # spent no lossless credit, so none is granted back for them.
         self._replayed_to_come = 0
@@ -388,16 +410,17 @@ class Client:
                 max_size=None,  # herald bounds message sizes (max_message_bytes)
                 compression=None,  # herald does not negotiate permessage-deflate
                 open_timeout=self._timeout,
+                create_connection=Connection,
             )
         except InvalidURI as e:
             raise HeraldError(f"cannot open a WebSocket to {self.url}: {e}", "bad_url") from e
         except (OSError, EOFError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as e:
             raise NotConnected(f"cannot connect to {self.url}: {e}") from e
-        # One copy of a large message received instead of websockets' three (_reader.py).
-        _reader.install(ws)
+        assert isinstance(ws, Connection)
         self._ws = ws
         self._last_error = None
-        reader = self._spawn(self._read(ws))
+        ws.attach(functools.partial(self._receive, ws))
+        reader = self._spawn(self._watch(ws))
         try:
             if token and self._token_in == "message":
                 reply = await self._request({"op": "auth", "token": token})
@@ -431,19 +454,12 @@ class Client:
         self._set_state("open")
         self._opened.set()
 
-    async def _read(self, ws: ClientConnection) -> None:
-        try:
-            async for raw in ws:
-                await self._receive(raw, ws)
-        except ConnectionClosed:
-            pass
-        except Exception as e:  # a bug here must not leave the client silently deaf
-            log.exception("the reader failed")
-            self._fatal = HeraldError(f"the client's reader failed: {e!r}", "client_bug")
-            await ws.close(1011, "client error")
+    async def _watch(self, ws: Connection) -> None:
+        """Waits for the connection to end (every message it brought has been received)."""
+        await ws.wait_closed()
         self._closed(ws, ws.close_code, ws.close_reason or "")
 
-    def _closed(self, ws: ClientConnection, code: int | None, reason: str) -> None:
+    def _closed(self, ws: Connection, code: int | None, reason: str) -> None:
         if ws is not self._ws:
             return
         self._ws = None
@@ -513,6 +529,7 @@ class Client:
                     sub._ready.exception()  # retrieved: subscribe() may no longer wait for it
                 sub._end(None if isinstance(error, ClientClosed) else error)
         self._patterns.clear()
+        self._routes.clear()
         self._opened.set()  # wakes waiters, who then see the state
 
     async def close(self) -> None:
@@ -603,9 +620,12 @@ class Client:
         rid = body["id"]
         try:
             await sent
-            return await asyncio.wait_for(fut, self._timeout)
-        except asyncio.TimeoutError:
-            raise RequestTimeout(f"no reply to {body['op']} within {self._timeout} s") from None
+            # A timer that fails the reply's future: cheaper than wait_for's task and callbacks.
+            timer = fut.get_loop().call_later(self._timeout, _time_out, fut, body["op"], self._timeout)
+            try:
+                return await fut
+            finally:
+                timer.cancel()
         finally:
             self._pending.pop(rid, None)
             if not fut.done():
@@ -619,13 +639,12 @@ class Client:
             raise NotConnected("not connected")
         try:
             if binary is None:
-                await ws.send(json.dumps(body, separators=(",", ":")))
+                await ws.send_message(json.dumps(body, separators=(",", ":")).encode(), text=True)
             elif len(binary) < _JOIN_BELOW:
-                await ws.send(encode_head(body) + binary)
+                await ws.send_message(encode_head(body) + binary, text=False)
             else:
-                view = memoryview(binary)
-                await ws.send([encode_head(body), *(view[i : i + _FRAGMENT] for i in range(0, len(view), _FRAGMENT))])
-        except ConnectionClosed:
+                await ws.send_fragments(encode_head(body), memoryview(binary))
+        except (ConnectionClosed, OSError):
             raise NotConnected("the connection closed while sending") from None
 
     async def ping(self) -> None:
@@ -723,6 +742,7 @@ class Client:
             self, pattern, options, positions, self._buffer if buffer is None else buffer, handler, on_gap
         )
         self._patterns.setdefault(pattern, []).append(sub)
+        self._routes.clear()
         if handler is not None:
             sub._task = self._spawn(sub._run_handler(handler))
         # While not open, the next connection subscribes every held pattern.
@@ -803,6 +823,7 @@ class Client:
         if subs is None or sub not in subs:
             return False
         subs.remove(sub)
+        self._routes.clear()
         if subs:
             return False
         del self._patterns[sub.pattern]
@@ -819,12 +840,21 @@ class Client:
     # ----------------------------------------------------------------------------------------
     # Receiving
 
-    async def _receive(self, raw: str | bytes, ws: ClientConnection) -> None:
-        frame = b""
+    def _receive(self, ws: Connection, raw: str | bytes | bytearray) -> None:
+        """One message from herald, handled as the connection parses it (_connection.py)."""
+        try:
+            self._dispatch(ws, raw)
+        except Exception as e:  # a bug here must not leave the client silently deaf
+            log.exception("the reader failed")
+            self._fatal = HeraldError(f"the client's reader failed: {e!r}", "client_bug")
+            self._spawn(ws.close(1011, "client error"))
+
+    def _dispatch(self, ws: Connection, raw: str | bytes | bytearray) -> None:
+        frame: bytes | bytearray = b""
         offset = 0
         try:
             if isinstance(raw, str):
-                head = json.loads(raw)
+                head = decode_head(raw)
             else:
                 frame = raw
                 head, offset = decode_frame(frame)
@@ -837,10 +867,11 @@ class Client:
             if replayed:
                 self._replayed_to_come -= 1
             m = Message(head, str(head.get("data", "")) if isinstance(raw, str) else None, frame, offset)
-            m.dropped = self._dropped.pop(m.topic, 0)
-            await self._deliver(m, replayed, ws)
+            if self._dropped:
+                m.dropped = self._dropped.pop(m.topic, 0)
+            self._deliver(m, replayed, ws)
         elif op == "dropped":
-            topic, count = head.get("topic"), int(head.get("count") or 0)
+            topic, count = str(head.get("topic")), int(head.get("count") or 0)
             self._dropped[topic] = self._dropped.get(topic, 0) + count
             self._emit("dropped", Dropped(topic, count, head.get("reason")))
         elif op == "error":
@@ -860,61 +891,134 @@ class Client:
                 if not fut.done():
                     fut.set_result(head)
 
-    async def _deliver(self, m: Message, replayed: bool, ws: ClientConnection) -> None:
+    def _deliver(self, m: Message, replayed: bool, ws: Connection) -> None:
         """Hands `m` to every matching subscription that has not seen it yet. A live message
         spent one credit of one lossless pattern at herald (the first the connection subscribed
         to that matches it); it is granted back once every lossless subscription of that pattern
-        handled the message. Replayed messages spent none and earn none."""
+        handled the message. Replayed messages spent none and earn none. An inbox this fills
+        stops the reading of the socket until it has room again."""
+        routes = self._routes.get(m.topic)
+        if routes is None:
+            routes = self._route(m.topic)
         ticket: _Ticket | None = None
-        waiting: list[_Inbox] = []
-        for pattern, subs in self._patterns.items():
-            if not topic_matches(pattern, m.topic):
-                continue
-            charges = not replayed and ticket is None and any(s.lossless for s in subs)
+        for route in routes:
+            charges = not replayed and ticket is None and route.lossless
             if charges:
-                nbytes = m.size if any(s.byte_window for s in subs) else 0
-                ticket = _Ticket(pattern, nbytes, ws)
-            for sub in subs:
+                ticket = _Ticket(route.pattern, m.size if route.byte_window else 0, ws, route.batch)
+            for sub in route.subs:
                 if not sub.active or not sub.accept(m):
                     continue
                 mine = ticket if charges and sub.lossless else None
                 if mine is not None:
                     mine.pending += 1
-                sub._inbox.push((m, mine))
-                if sub._inbox.full():
-                    waiting.append(sub._inbox)
+                inbox = sub._inbox
+                inbox.push((m, mine))
+                if inbox.full():
+                    inbox.crowded = True
+                    self._crowded.add(inbox)
+                    ws.transport.pause_reading()
         if ticket is not None and ticket.pending == 0:
-            self._handled(ticket, done=True)
-        for inbox in waiting:
-            await inbox.writable()
+            self._handled(ticket, idle=True, done=True)
 
-    def _handled(self, ticket: _Ticket, done: bool = False) -> None:
+    def _route(self, topic: str) -> list[_Route]:
+        if len(self._routes) >= _ROUTES:
+            self._routes.clear()
+        routes = [_Route(p, subs) for p, subs in self._patterns.items() if topic_matches(p, topic)]
+        self._routes[topic] = routes
+        return routes
+
+    def _has_room(self, inbox: _Inbox) -> None:
+        self._crowded.discard(inbox)
+        if not self._crowded and self._ws is not None:
+            self._ws.transport.resume_reading()
+
+    def _handled(self, ticket: _Ticket, idle: bool, done: bool = False) -> None:
+        """A subscription handled the message `ticket` came with (`idle`: it has no other one
+        waiting). Once every subscription did, its credit is owed: granted at once when the
+        subscriber has caught up or half the window is owed, else with whatever else is earned
+        before the event loop turns (one `credit` for a consumer working through a backlog)."""
         if not done:
             ticket.pending -= 1
             if ticket.pending > 0:
                 return
         if ticket.ws is not self._ws or ticket.pattern not in self._patterns:
             return  # a new connection's subscription started with a fresh window
-        owed = self._credits.setdefault(ticket.pattern, [0, 0])
+        owed = self._credits.get(ticket.pattern)
+        if owed is None:
+            owed = self._credits[ticket.pattern] = [0, 0]
         owed[0] += 1
         owed[1] += ticket.bytes
-        if self._credit_flush is None:
-            self._credit_flush = self._spawn(self._flush_credits(ticket.ws))
+        if idle or owed[0] >= ticket.batch[0] or owed[1] >= ticket.batch[1]:
+            self._grant()
+        elif not self._grant_soon:
+            self._grant_soon = True
+            asyncio.get_running_loop().call_soon(self._grant)
 
-    async def _flush_credits(self, ws: ClientConnection | None) -> None:
+    def _grant(self) -> None:
+        """Writes the credit owed, one `credit` per pattern; while a fragmented message is being
+        written on the connection, a task sends it after that."""
+        self._grant_soon = False
+        ws = self._ws
+        if ws is None or self._credit_flush is not None:
+            return
+        credits = self._credits
+        while credits:
+            pattern, (n, nbytes) = next(iter(credits.items()))
+            try:
+                if not ws.write_now(_credit(pattern, n, nbytes), text=True):
+                    self._credit_flush = self._spawn(self._flush_credits(ws))
+                    return
+            except NotConnected:
+                return  # the resubscription after the reconnect brings a fresh window
+            del credits[pattern]
+
+    async def _flush_credits(self, ws: Connection) -> None:
         """Sends the credits owed, one `credit` per pattern for all that were earned meanwhile."""
         try:
             while self._credits and ws is self._ws:
                 pattern, (n, nbytes) = next(iter(self._credits.items()))
                 del self._credits[pattern]
-                body: dict[str, Any] = {"op": "credit", "topic": pattern, "n": n}
-                if nbytes:
-                    body["bytes"] = nbytes
-                await self._send(body)
-        except NotConnected:
+                await ws.send_message(_credit(pattern, n, nbytes), text=True)
+        except (NotConnected, ConnectionClosed, OSError):
             pass  # the resubscription after the reconnect brings a fresh window
         finally:
             self._credit_flush = None
+
+
+# How many topics' routes are kept (past it they are found again).
+_ROUTES = 4096
+
+# herald's default lossless window (docs/protocol.md), and a bound never reached.
+_DEFAULT_WINDOW = 16
+_UNBOUNDED = 1 << 62
+
+
+def _credit_batch(subs: list[Subscription]) -> tuple[int, int]:
+    """How many handled messages, and payload bytes, may be owed on a lossless pattern before
+    they are granted whatever follows: half its window (the subscriptions' options, merged as
+    `sub` sends them), at least one."""
+    window = window_bytes = None
+    for s in subs:
+        window = s.options.get("window", window)
+        window_bytes = s.options.get("window_bytes", window_bytes)
+    if window is None:
+        window = _UNBOUNDED if window_bytes is not None else _DEFAULT_WINDOW
+    return max(1, int(window) // 2), max(1, int(window_bytes) // 2) if window_bytes is not None else _UNBOUNDED
+
+
+@functools.lru_cache(maxsize=1024)
+def _credit_head(pattern: str) -> bytes:
+    return b'{"op":"credit","topic":' + json.dumps(pattern).encode() + b',"n":'
+
+
+def _credit(pattern: str, n: int, nbytes: int) -> bytes:
+    """A `credit` message granting `n` messages and `nbytes` payload bytes (when not 0)."""
+    return _credit_head(pattern) + (b'%d,"bytes":%d}' % (n, nbytes) if nbytes else b"%d}" % n)
+
+
+def _time_out(reply: asyncio.Future[dict[str, Any]], op: str, timeout: float) -> None:
+    if not reply.done():
+        reply.set_exception(RequestTimeout(f"no reply to {op} within {timeout} s"))
 
 
 def _jwt_expiry(token: str) -> float | None:

@@ -103,14 +103,17 @@ class Resubscribed:
 
 
 class Message:
-    """One message. `data` is a `str` for text messages and `bytes` for binary ones; `payload`
-    is a `memoryview` of a binary payload that shares the received frame (no copy), e.g. for
-    ``numpy.frombuffer(m.payload, ...)``. `dropped` counts messages of this topic herald dropped
-    for the connection right before this one (a slow-consumer policy, announced by herald)."""
+    """One message. `data` is a `str` for text messages and `bytes` for binary ones (a copy of
+    the payload, made once); `payload` is a read-only `memoryview` of a binary payload that
+    shares the received frame (no copy), e.g. for ``numpy.frombuffer(m.payload, ...)``. `dropped`
+    counts messages of this topic herald dropped for the connection right before this one (a
+    slow-consumer policy, announced by herald)."""
 
     __slots__ = ("_bytes", "_frame", "_offset", "_text", "ct", "dropped", "epoch", "seq", "topic", "ts")
 
-    def __init__(self, head: Mapping[str, Any], text: str | None, frame: bytes = b"", offset: int = 0) -> None:
+    def __init__(
+        self, head: Mapping[str, Any], text: str | None, frame: bytes | bytearray = b"", offset: int = 0
+    ) -> None:
         self.topic: str = head["topic"]
         self.seq: int = head["seq"]
         self.epoch: str = head["epoch"]
@@ -131,14 +134,15 @@ class Message:
         if self._text is not None:
             return self._text
         if self._bytes is None:
-            self._bytes = self._frame[self._offset :]
+            with memoryview(self._frame) as frame:
+                self._bytes = bytes(frame[self._offset :])
         return self._bytes
 
     @property
     def payload(self) -> memoryview:
         if self._text is not None:
             return memoryview(self._text.encode())
-        return memoryview(self._frame)[self._offset :]
+        return memoryview(self._frame).toreadonly()[self._offset :]
 
     @property
     def size(self) -> int:
@@ -182,14 +186,27 @@ def encode_head(head: Mapping[str, Any]) -> bytes:
     return _LEN.pack(len(h)) + h
 
 
-def decode_frame(frame: bytes) -> tuple[dict[str, Any], int]:
+def decode_head(text: str) -> dict[str, Any]:
+    """A message's JSON object: a text message, or a binary frame's header. (The decoder's
+    `raw_decode` skips the type dispatch and whitespace scans of `json.loads`, which on a short
+    header cost as much as the parse itself; herald writes no whitespace around the object and
+    nothing after it.)"""
+    head, end = _DECODER.raw_decode(text)
+    if end != len(text):
+        raise ValueError("data after the JSON object")
+    if not isinstance(head, dict):
+        raise ValueError("not a JSON object")
+    return head
+
+
+def decode_frame(frame: bytes | bytearray) -> tuple[dict[str, Any], int]:
     """A binary frame's JSON header and the offset where its payload starts."""
     if len(frame) < 4:
         raise ValueError("binary frame shorter than 4 bytes")
     (n,) = _LEN.unpack_from(frame)
     if 4 + n > len(frame):
         raise ValueError("binary frame shorter than its header length")
-    head = json.loads(memoryview(frame)[4 : 4 + n].tobytes())
-    if not isinstance(head, dict):
-        raise ValueError("binary frame header is not a JSON object")
-    return head, 4 + n
+    return decode_head(frame[4 : 4 + n].decode()), 4 + n
+
+
+_DECODER = json.JSONDecoder()

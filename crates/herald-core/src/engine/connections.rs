@@ -23,6 +23,7 @@ impl<O: Outbox> Engine<O> {
             explicit: 0,
             seen: 0,
             origin: 0,
+            no_local: 0,
         });
         match self.free.pop() {
             Some(id) => {
@@ -48,11 +49,13 @@ impl<O: Outbox> Engine<O> {
     /// is delivered to it and no publisher waits for it, while its id stays taken until
     /// [`Engine::disconnect`].
     pub fn detach(&mut self, id: ConnId) {
+        self.leave_groups(id);
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
         let subs = std::mem::take(&mut conn.subs);
         conn.explicit = 0;
+        conn.no_local = 0;
         for sub in subs {
             self.index.remove(&sub.pattern, id);
             self.interest_down(&sub.pattern);

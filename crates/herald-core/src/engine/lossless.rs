@@ -15,7 +15,12 @@ impl<O: Outbox> Engine<O> {
     /// The `lossless` subscribers whose window a message on `topic` of `len` payload bytes
     /// would exceed: those a publisher of it waits for.
     pub fn holders(&self, topic_name: &str, len: usize, mut found: impl FnMut(ConnId)) {
-        if self.lossless == 0 || topic::validate_topic(topic_name).is_err() {
+        let none = self.lossless == 0 && !self.groups.has_lossless();
+        if none || topic::validate_topic(topic_name).is_err() {
+            return;
+        }
+        self.group_holders(topic_name, len, &mut found);
+        if self.lossless == 0 {
             return;
         }
         let default = self

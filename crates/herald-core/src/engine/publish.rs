@@ -15,7 +15,10 @@ impl<O: Outbox> Engine<O> {
         now_us: u64,
     ) -> Result<Published, &'static str> {
         let origin = self.conn(conn).map_or(0, |c| c.origin);
-        match self.publish_by(p, origin, now_us) {
+        let published = self
+            .check(p, origin)
+            .map(|()| self.append(p, now_us, Numbering::Local, origin, Some(conn)));
+        match published {
             Ok(published) => {
                 if let Some(id) = &p.id {
                     let ack = Reply::Ack {
@@ -49,7 +52,7 @@ impl<O: Outbox> Engine<O> {
         now_us: u64,
     ) -> Result<Published, ProtocolError> {
         self.check(p, origin)?;
-        Ok(self.append(p, now_us, Numbering::Local, origin))
+        Ok(self.append(p, now_us, Numbering::Local, origin, None))
     }
 
     /// Publishes a message another node published and numbered `(epoch, seq)`, keeping its
@@ -87,7 +90,7 @@ impl<O: Outbox> Engine<O> {
         if missed > 0 {
             self.notify_hole(&p.topic, missed, before);
         }
-        let published = self.append(p, now_us, Numbering::Origin, 0);
+        let published = self.append(p, now_us, Numbering::Origin, 0, None);
         let at = self.publish_count;
         if let Some(state) = self.topics.get_mut(p.topic.as_str()) {
             state.remote_at = at;
@@ -177,13 +180,15 @@ impl<O: Outbox> Engine<O> {
     }
 
     /// Gives the message its topic's next sequence number, records it and fans it out under
-    /// each connection's slow-consumer policy.
+    /// each connection's slow-consumer policy, and to each matching group. `from`: the
+    /// connection that published it, if it is one of this engine's.
     pub(super) fn append(
         &mut self,
         p: &Publish,
         now_us: u64,
         numbering: Numbering,
         origin: Origin,
+        from: Option<ConnId>,
     ) -> Published {
         let config = &self.config;
         let state = self.topics.entry(config, &p.topic, numbering);
@@ -198,8 +203,9 @@ impl<O: Outbox> Engine<O> {
         let generation = self.publish_count;
         let mut matched = std::mem::take(&mut self.matched);
         self.index.for_each_match(&p.topic, |id| matched.push(id));
+        let grouped = self.groups.matching(&p.topic);
         let history = state.history_rule(config);
-        if matched.is_empty() && !history.is_some_and(HistoryRule::keeps_messages) {
+        if matched.is_empty() && !grouped && !history.is_some_and(HistoryRule::keeps_messages) {
             // Nobody to send it to, no history to keep it in: a discard, whose message would be
             // needed only if someone asked for the last value. Kept as published instead.
             state.last = Some(Last::Unmade(Unmade::of(p, seq, now_us)));
@@ -238,6 +244,12 @@ impl<O: Outbox> Engine<O> {
         let conns = &mut self.conns;
         let mut deliveries = 0;
         let mut cut = Vec::new();
+        if let Some(c) = from.and_then(|id| conns[id as usize].as_mut()) {
+            if c.only_no_local(&p.topic) {
+                // Its own message: taken as already seen.
+                c.seen = generation;
+            }
+        }
         // The matches first, then each connection's state asked for, then the deliveries: with
         // many connections each one's state is out of the cache, and a miss per subscriber,
         // one after the other, would cost more than the rest of the delivery. Asked for
@@ -279,6 +291,9 @@ impl<O: Outbox> Engine<O> {
         }
         matched.clear();
         self.matched = matched;
+        if grouped {
+            deliveries += self.deliver_to_groups(&message, default, rule, now_us, &mut cut);
+        }
         for &id in &cut {
             self.detach(id);
         }

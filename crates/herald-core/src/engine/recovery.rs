@@ -9,6 +9,9 @@
 //!   under a wildcard while the client was away is recovered like the others.
 //! - `snapshot` adds the last value of each remaining topic.
 //!
+//! A message that has expired (see [`crate::extras`]) is left out, without a gap: its
+//! publisher said it is of no use by then.
+//!
 //! Whatever cannot be sent is a gap in the reply, never a silence: history that is no longer
 //! held, an epoch that changed, and the part of a recovery larger than the connection may queue
 //! (`Outbox::recovery_room`): the oldest messages are left out first.
@@ -215,6 +218,8 @@ impl<O: Outbox> Engine<O> {
                 }
             }
         }
+        // An expired message is not delivered: its publisher said it would be of no use.
+        plan.items.retain(|i| !i.message.expired(now_us));
         debug_assert!(plan.names.iter().all(|n| topic::matches(&s.topic, n)));
         plan
     }

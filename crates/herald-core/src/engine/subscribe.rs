@@ -20,12 +20,15 @@ impl<O: Outbox> Engine<O> {
                 ),
             ));
         }
+        if s.group.is_some() {
+            return self.join_group(conn, s);
+        }
         let Some(c) = self.conn(conn) else {
             return Ok(());
         };
         let already = c.subs.iter().any(|sub| *sub.pattern == *s.topic);
         let max = self.config.max_subscriptions_per_connection;
-        if !already && c.subs.len() >= max {
+        if !already && c.subs.len() + self.groups.count_of(conn) >= max {
             return Err(fail(
                 "too_many_subscriptions",
                 format!("this connection already holds the maximum of {max} subscriptions; unsubscribe first or raise max_subscriptions_per_connection"),
@@ -53,11 +56,13 @@ impl<O: Outbox> Engine<O> {
         self.lossless += usize::from(sub.is_lossless());
         let c = self.conns[conn as usize].as_mut().expect("checked above");
         c.explicit += usize::from(sub.is_explicit());
+        c.no_local += u32::from(sub.no_local());
         match c.subs.iter_mut().find(|old| old.pattern == sub.pattern) {
             // Subscribing again to the same pattern replaces its options (but it has been
             // listening since the first time).
             Some(old) => {
                 c.explicit -= usize::from(old.is_explicit());
+                c.no_local -= u32::from(old.no_local());
                 self.lossless -= usize::from(old.is_lossless());
                 *old = Sub {
                     subscribed_at: old.subscribed_at,
@@ -106,6 +111,7 @@ impl<O: Outbox> Engine<O> {
         };
         let sub = c.subs.remove(at);
         c.explicit -= usize::from(sub.is_explicit());
+        c.no_local -= u32::from(sub.no_local());
         self.lossless -= usize::from(sub.is_lossless());
         self.index.remove(&pattern, conn);
         self.interest_down(&pattern);

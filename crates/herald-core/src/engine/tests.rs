@@ -72,6 +72,7 @@ fn text(topic: &str, data: &str) -> Publish {
         kind: PayloadKind::Text,
         content_type: None,
         stamp: false,
+        extras: None,
     }
 }
 
@@ -110,6 +111,43 @@ fn overlapping_patterns_deliver_once_per_connection_in_order() {
         .map(|m| m["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(seqs, [1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_no_local_subscription_does_not_bring_back_the_connections_own_messages() {
+    let mut e = engine();
+    let (a, inbox_a) = client(&mut e);
+    let (b, inbox_b) = client(&mut e);
+    let no_local = |topic: &str| {
+        Request::Subscribe(Subscribe {
+            topic: topic.into(),
+            no_local: true,
+            ..Subscribe::default()
+        })
+    };
+    e.handle(a, no_local("t/>"), 0).unwrap();
+    e.handle(b, no_local("t/>"), 0).unwrap();
+    inbox_a.take();
+    inbox_b.take();
+    assert_eq!(
+        e.publish_from(a, &text("t/x", "1"), 0).unwrap().deliveries,
+        1
+    );
+    assert_eq!(data(&inbox_a.take()), Vec::<&str>::new());
+    assert_eq!(data(&inbox_b.take()), ["1"]);
+    // Another matching subscription without the option keeps its own messages coming, once.
+    req(&mut e, a, r#"{"op":"sub","topic":"t/x"}"#, 0).unwrap();
+    inbox_a.take();
+    e.publish_from(a, &text("t/x", "2"), 0).unwrap();
+    e.publish_from(a, &text("t/y", "3"), 0).unwrap();
+    assert_eq!(data(&inbox_a.take()), ["2"]);
+    // Others' messages come as usual; and without the option again, so do its own.
+    e.publish_from(b, &text("t/y", "4"), 0).unwrap();
+    assert_eq!(data(&inbox_a.take()), ["4"]);
+    req(&mut e, a, r#"{"op":"sub","topic":"t/>"}"#, 0).unwrap();
+    inbox_a.take();
+    e.publish_from(a, &text("t/y", "5"), 0).unwrap();
+    assert_eq!(data(&inbox_a.take()), ["5"]);
 }
 
 #[test]
@@ -282,6 +320,52 @@ fn snapshot_delivers_last_values_after_the_reply() {
     )
     .unwrap();
     assert_eq!(data(&inbox.take()), ["4"]);
+}
+
+#[test]
+fn expired_messages_are_neither_replayed_nor_a_snapshot() {
+    let config = EngineConfig {
+        history: vec![HistoryRule {
+            pattern: ">".into(),
+            ..HistoryRule::default()
+        }],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    let expiring = |data: &str, expires_us| Publish {
+        extras: Some(std::sync::Arc::new(crate::extras::Extras {
+            expires_us: Some(expires_us),
+            ..Default::default()
+        })),
+        ..text("t", data)
+    };
+    e.publish(&text("t", "1"), 1_000).unwrap();
+    e.publish(&expiring("2", 5_000), 1_000).unwrap();
+    e.publish(&expiring("3", 9_000), 1_000).unwrap();
+    let (a, inbox) = client(&mut e);
+    let replay = r#"{"op":"sub","topic":"t","cursor":"x"}"#;
+    req(&mut e, a, replay, 4_999).unwrap();
+    assert_eq!(data(&inbox.take()), ["1", "2", "3"]);
+    req(&mut e, a, replay, 5_000).unwrap();
+    let got = inbox.take();
+    assert_eq!(data(&got), ["1", "3"]);
+    assert_eq!(got[0]["recovered"], true, "an expired message is no gap");
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"t","snapshot":true}"#,
+        8_999,
+    )
+    .unwrap();
+    assert_eq!(data(&inbox.take()), ["3"]);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"t","snapshot":true}"#,
+        9_000,
+    )
+    .unwrap();
+    assert_eq!(data(&inbox.take()), Vec::<&str>::new());
 }
 
 #[test]
@@ -481,6 +565,7 @@ fn binary_payloads_are_delivered_unchanged_and_oversize_is_refused() {
         kind: PayloadKind::Binary,
         content_type: Some("image/fits".into()),
         stamp: false,
+        extras: None,
     };
     e.publish(&p, 0).unwrap();
     let msg = inbox.take().pop().unwrap();

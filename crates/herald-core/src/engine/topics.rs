@@ -6,6 +6,7 @@
 //! `HashMap` needs a second lookup to create on a miss without cloning the name on every hit.
 
 use super::{EngineConfig, HistoryRule};
+use crate::extras::Extras;
 use crate::message::{Message, TopicHead};
 use crate::mix::splitmix64;
 use crate::prefetch::prefetch;
@@ -43,6 +44,7 @@ pub(super) struct Unmade {
     pub stamp_us: Option<u64>,
     pub kind: PayloadKind,
     pub content_type: Option<Box<str>>,
+    pub extras: Option<Arc<Extras>>,
     pub payload: KeptPayload,
 }
 
@@ -54,6 +56,7 @@ impl Unmade {
             stamp_us: p.stamp.then_some(now_us),
             kind: p.kind,
             content_type: p.content_type.as_deref().map(Box::from),
+            extras: p.extras.clone(),
             payload: KeptPayload::of(&p.payload),
         }
     }
@@ -215,14 +218,17 @@ impl TopicState {
     pub fn last_message(&self) -> Option<Message> {
         match self.last.as_ref()? {
             Last::Message(m) => Some(m.clone()),
-            Last::Unmade(m) => Some(Message::new(
-                self.head.clone(),
-                m.seq,
-                m.kind,
-                m.payload.to_bytes(),
-                m.content_type.clone(),
-                m.stamp_us,
-            )),
+            Last::Unmade(m) => Some(
+                Message::new(
+                    self.head.clone(),
+                    m.seq,
+                    m.kind,
+                    m.payload.to_bytes(),
+                    m.content_type.clone(),
+                    m.stamp_us,
+                )
+                .with_extras(m.extras.clone()),
+            ),
         }
     }
 

@@ -74,6 +74,7 @@ fn decode_text_sharing(
             kind: PayloadKind::Text,
             content_type: p.ct.map(str::to_owned),
             stamp: p.stamp,
+            extras: None,
         }));
     }
     decode_general(text, share)
@@ -237,6 +238,8 @@ fn into_request(
                 max_rate: raw.max_rate,
                 window: raw.window,
                 window_bytes: raw.window_bytes,
+                group: None,
+                no_local: false,
                 id,
             }))
         }
@@ -247,6 +250,7 @@ fn into_request(
             }
             Ok(Request::Credit {
                 topic,
+                group: None,
                 n: raw.n.unwrap_or(0),
                 bytes: raw.bytes.unwrap_or(0),
                 id,
@@ -254,6 +258,7 @@ fn into_request(
         }
         "unsub" => Ok(Request::Unsubscribe {
             topic: raw.topic.ok_or_else(|| missing("topic", op))?.into_owned(),
+            group: None,
             id,
         }),
         "pub" => {
@@ -266,6 +271,7 @@ fn into_request(
                 content_type: raw.ct.map(Cow::into_owned),
                 stamp: raw.stamp,
                 id,
+                extras: None,
             }))
         }
         "ping" => Ok(Request::Ping { id }),
@@ -320,6 +326,7 @@ mod tests {
             Request::Credit {
                 id: None,
                 topic: "a/>".into(),
+                group: None,
                 n: 3,
                 bytes: 0
             }
@@ -336,6 +343,7 @@ mod tests {
             Request::Credit {
                 id: None,
                 topic: "a/>".into(),
+                group: None,
                 n: 0,
                 bytes: 1000
             }
@@ -344,7 +352,8 @@ mod tests {
             decode_text(r#"{"op":"unsub","id":"u","topic":"a/>"}"#).unwrap(),
             Request::Unsubscribe {
                 id: Some(json!("u")),
-                topic: "a/>".into()
+                topic: "a/>".into(),
+                group: None,
             }
         );
         let Request::Publish(p) = decode_text(r#"{"op":"pub","topic":"a/b","data":"h\u00e9\n","stamp":true,"ct":"text/plain","extra":1}"#).unwrap() else {

@@ -345,6 +345,7 @@ impl Carried {
             kind: self.kind,
             content_type: self.content_type.clone(),
             stamp: self.stamp.is_some(),
+            extras: None,
         }
     }
 
@@ -558,6 +559,7 @@ mod tests {
             kind: PayloadKind::Text,
             content_type: Some("text/plain".into()),
             stamp: true,
+            extras: None,
         };
         let m = Departure::message("0123456789abcdef", "h.t.t".into(), &p, "e", 7, 9);
         let c = open("h.t.t", Some(&m.headers), b"x", None).unwrap();

@@ -194,6 +194,7 @@ async fn write_images(
             let credit = Request::Credit {
                 id: None,
                 topic: topic.clone(),
+                group: None,
                 n: 1,
                 bytes: 0,
             };

@@ -15,28 +15,40 @@
 //! Replies are matched to their MQTT packets by request id ([`Tag`]), a number that names the
 //! packet to answer and its packet identifier.
 //!
+//! A message for a shared subscription comes for the group it is named after
+//! ([`Encode::grouped`]) and goes out for that subscription alone; a connection whose
+//! subscriptions are all plain ([`Subs`]) sends every message the same shared packet without
+//! looking at them.
+//!
 //! QoS 1 messages go through the session's [`Flow`]: at most the client's Receive Maximum in
 //! flight on the connection, the rest waiting in order for acknowledgements. A message the
-//! engine charged to a `lossless` subscription but that the connection does not send (a `$`
-//! topic under a leading wildcard, too large for the client, already delivered) gives its
-//! credit back at once, through the hook the session sets ([`Encoder::on_unspent_credit`]).
+//! engine charged to a `lossless` subscription or group membership but that the connection
+//! does not send (a `$` topic under a leading wildcard, expired, too large for the client,
+//! already delivered, no longer subscribed to) gives its credit back at once, through the hook
+//! the session sets ([`Encoder::on_unspent_credit`]), so that no publisher waits for an
+//! acknowledgement that cannot come.
 
-use super::delivery::{Flow, Gaps, Held, Lost, Seen, GAP_PROPERTY};
+use super::delivery::{CreditTo, Flow, Gaps, Held, Lost, Seen, GAP_PROPERTY};
 use super::encode::{self, AckKind, Delivery, Prepared, ProblemInfo};
+use super::extras;
 use super::packet::MessageProperties;
 use super::retained::{Retained, RetainedStore};
 use super::topic::{mqtt_matches, to_mqtt_topic};
 use super::wire::read_varint;
 use super::{QoS, ReasonCode, Version};
+use crate::clock::now_us;
 use crate::connection::Framing;
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::codec::{Encode, Frame};
+use herald_core::extras::Extras;
+use herald_core::group::Group;
 use herald_core::message::Message;
 use herald_core::reply::{DropReason, Reply};
 use herald_core::request::{PayloadKind, RequestId};
 use herald_core::topic::matches;
 use herald_core::wire::{ws_header, OpCode};
 use parking_lot::Mutex;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
@@ -115,8 +127,14 @@ impl Tag {
 /// One MQTT subscription of the connection.
 #[derive(Debug, Clone)]
 pub struct Sub {
-    /// The MQTT filter, as subscribed.
+    /// The subscription as SUBSCRIBE and UNSUBSCRIBE name it: its filter, behind
+    /// `$share/{group}/` when shared.
+    pub name: String,
+    /// The MQTT filter it matches names with.
     pub filter: String,
+    /// A shared subscription: its patterns are herald group subscriptions of the group named
+    /// after it (`name`, so that each shared subscription is a group of its own).
+    pub shared: bool,
     /// Its herald patterns.
     pub patterns: Vec<String>,
     /// The QoS granted (0 or 1).
@@ -124,6 +142,103 @@ pub struct Sub {
     /// Whether its herald subscriptions are `lossless` (a granted QoS 1), so that a message
     /// sent for it spends credit that its PUBACK returns.
     pub lossless: bool,
+    /// 5.0: messages keep the retain flag they were published with.
+    pub retain_as_published: bool,
+    /// 5.0: the subscription identifier its PUBLISH packets carry.
+    pub id: Option<u32>,
+    /// 5.0: the connection's own messages do not come back through it (the engine's
+    /// `no_local`; kept so that a resumed session subscribes as its SUBSCRIBE did).
+    pub no_local: bool,
+}
+
+impl Sub {
+    /// Whether a message for it is the same packet for every QoS 0 subscriber: QoS 0, not
+    /// shared, no identifier, no retain as published.
+    fn is_plain(&self) -> bool {
+        self.qos == QoS::AtMostOnce
+            && !self.lossless
+            && !self.shared
+            && !self.retain_as_published
+            && self.id.is_none()
+    }
+}
+
+/// A connection's subscriptions, one per name, counting those that are not plain
+/// ([`Sub::is_plain`]): while none is, a message needs no look at them (a connection may hold
+/// hundreds, and matching each filter for each message would cost more than the delivery).
+#[derive(Debug, Default)]
+pub struct Subs {
+    list: Vec<Sub>,
+    special: usize,
+}
+
+impl Subs {
+    /// Adds `sub`, replacing the subscription of the same name; whether there was one.
+    pub fn insert(&mut self, sub: Sub) -> bool {
+        let existed = self.remove(&sub.name).is_some();
+        self.special += usize::from(!sub.is_plain());
+        self.list.push(sub);
+        existed
+    }
+
+    /// Removes the subscription named `name`.
+    pub fn remove(&mut self, name: &str) -> Option<Sub> {
+        let at = self.list.iter().position(|x| x.name == name)?;
+        let sub = self.list.remove(at);
+        self.special -= usize::from(!sub.is_plain());
+        Some(sub)
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Sub> {
+        self.list.iter()
+    }
+
+    /// Keeps only the subscriptions `keep` says yes to.
+    pub fn retain(&mut self, keep: impl FnMut(&Sub) -> bool) {
+        self.list.retain(keep);
+        self.special = self.list.iter().filter(|sub| !sub.is_plain()).count();
+    }
+
+    /// Whether every subscription is plain (none at all included).
+    fn plain(&self) -> bool {
+        self.special == 0
+    }
+}
+
+/// How a message goes to the connection: what the subscriptions it is sent for make of it.
+#[derive(Debug, Default)]
+struct Route {
+    qos: QoS,
+    /// 5.0: keep the message's retain flag.
+    retain_as_published: bool,
+    /// 5.0: the subscription identifiers of those subscriptions.
+    ids: Vec<u32>,
+}
+
+/// Why a QoS 1 message owed to the client is not sent after all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unsent {
+    /// No subscription of the session sends it any more, or its expiry interval passed: the
+    /// client is owed nothing.
+    Withdrawn,
+    /// Larger than the client accepts (§3.1.2.11.4): a loss its topic's next message
+    /// announces.
+    Undeliverable,
+}
+
+/// The time a message's remaining expiry interval is counted at (0: it has none), or
+/// [`Unsent::Withdrawn`] once the interval has passed (§3.3.2.3.3: it is not sent).
+fn clock(extras: Option<&Extras>) -> Result<u64, Unsent> {
+    match extras.and_then(|e| e.expires_us) {
+        Some(at) => {
+            let now = now_us();
+            if now >= at {
+                return Err(Unsent::Withdrawn);
+            }
+            Ok(now)
+        }
+        None => Ok(0),
+    }
 }
 
 /// A SUBACK or UNSUBACK waiting for the replies to its herald requests.
@@ -144,7 +259,7 @@ pub struct Outbound {
     pub maximum_packet_size: u32,
     /// Whether 5.0 reason strings may go with errors.
     pub problem_info: bool,
-    pub subs: Vec<Sub>,
+    pub subs: Subs,
     /// QoS 1 messages in flight and waiting for room under the client's receive maximum.
     pub flow: Flow,
     /// Losses to announce on the next message of their topic (5.0).
@@ -152,7 +267,8 @@ pub struct Outbound {
     /// For a session that may outlive its connection: what it has delivered.
     pub seen: Option<Seen>,
     /// Messages queued ahead of any live one that spent no `lossless` credit (handed over
-    /// when a session resumes): the next this many messages encoded return none.
+    /// when a session resumes): the next this many messages encoded for the connection's own
+    /// subscriptions return none.
     pub uncredited: usize,
     subacks: HashMap<u16, PendingAck>,
     unsubacks: HashMap<u16, PendingAck>,
@@ -169,7 +285,7 @@ pub struct Outbound {
 /// what it has delivered.
 #[derive(Debug, Default)]
 pub struct Kept {
-    pub subs: Vec<Sub>,
+    pub subs: Subs,
     pub flow: Flow,
     pub gaps: Gaps,
     pub seen: Seen,
@@ -182,7 +298,7 @@ impl Default for Outbound {
             version: Version::V311,
             maximum_packet_size: u32::MAX,
             problem_info: true,
-            subs: Vec::new(),
+            subs: Subs::default(),
             flow: Flow::default(),
             gaps: Gaps::default(),
             seen: None,
@@ -257,36 +373,75 @@ impl Outbound {
         self.unsubacks.insert(packet_id, pending);
     }
 
-    /// The highest QoS granted among the subscriptions MQTT topic `name` matches; `None`: no
-    /// subscription matches in MQTT's terms (a leading wildcard and a `$` topic).
-    fn route(&self, name: &str) -> Option<QoS> {
-        self.subs
-            .iter()
-            .filter(|sub| mqtt_matches(&sub.filter, name))
-            .map(|sub| sub.qos)
-            .max()
-    }
-
-    /// Whether a subscription of the session still matches `held`.
-    fn routes(&self, held: &Held) -> bool {
-        match held {
-            Held::Live(m) => {
-                to_mqtt_topic(m.topic()).is_some_and(|name| self.route(&name).is_some())
+    /// How a message of MQTT name `name` (`None`: one MQTT cannot name) goes to the connection
+    /// for its own (not shared) subscriptions: at the highest QoS granted among those `name`
+    /// matches, with all their identifiers (`None`: none matches in MQTT's terms, as for a `$`
+    /// topic under a leading wildcard); and, for a message that spent credit, of herald topic
+    /// `charged`, where it goes back: the first `lossless` subscription whose herald pattern
+    /// matches, as the engine chooses, whether or not MQTT's rules then send the message.
+    fn route(
+        &self,
+        name: Option<&str>,
+        charged: Option<&str>,
+    ) -> (Option<Route>, Option<CreditTo>) {
+        let mut route: Option<Route> = None;
+        let mut credit = None;
+        for sub in self.subs.iter().filter(|s| !s.shared) {
+            if let (None, true, Some(topic)) = (&credit, sub.lossless, charged) {
+                credit = sub
+                    .patterns
+                    .iter()
+                    .find(|p| matches(p, topic))
+                    .map(|p| CreditTo::Pattern(Arc::from(p.as_str())));
             }
-            Held::Retained { name, .. } => self.route(name).is_some(),
+            if !name.is_some_and(|name| mqtt_matches(&sub.filter, name)) {
+                continue;
+            }
+            let r = route.get_or_insert_with(Route::default);
+            r.qos = r.qos.max(sub.qos);
+            r.retain_as_published |= sub.retain_as_published;
+            r.ids.extend(sub.id);
         }
+        (route, credit)
     }
 
-    /// The herald pattern whose `lossless` credit the engine spent on a message of herald
-    /// topic `topic`: the first `lossless` subscription whose pattern matches it in herald's
-    /// terms, as the engine chooses, whether or not MQTT's rules then send the message.
-    fn charged(&self, topic: &str) -> Option<Arc<str>> {
-        self.subs
+    /// How a message delivered for `group` goes to the connection: for the shared
+    /// subscription the group is named after, if the connection still holds it and its filter
+    /// matches `name` in MQTT's terms; and the credit it spent.
+    fn route_grouped(
+        &self,
+        group: &Arc<Group>,
+        name: Option<&str>,
+    ) -> (Option<Route>, Option<CreditTo>) {
+        let Some(sub) = self
+            .subs
             .iter()
-            .filter(|sub| sub.lossless)
-            .flat_map(|sub| &sub.patterns)
-            .find(|p| matches(p, topic))
-            .map(|p| Arc::from(p.as_str()))
+            .find(|s| s.shared && *s.name == *group.name)
+        else {
+            return (None, None);
+        };
+        let credit = sub.lossless.then(|| CreditTo::Group(group.clone()));
+        let matched = name.is_some_and(|name| mqtt_matches(&sub.filter, name));
+        let route = matched.then(|| Route {
+            qos: sub.qos,
+            retain_as_published: sub.retain_as_published,
+            ids: sub.id.into_iter().collect(),
+        });
+        (route, credit)
+    }
+
+    /// How `held` goes to the client now, if a subscription of the session still sends it.
+    fn route_held(&self, held: &Held) -> Option<Route> {
+        match held {
+            Held::Live { message, group } => {
+                let name = to_mqtt_topic(message.topic());
+                match group {
+                    Some(g) => self.route_grouped(g, name.as_deref()).0,
+                    None => self.route(name.as_deref(), None).0,
+                }
+            }
+            Held::Retained { name, .. } => self.route(Some(name), None).0,
+        }
     }
 
     fn problem(&self, reason: &'static str) -> ProblemInfo<'static> {
@@ -305,11 +460,11 @@ pub struct Encoder {
     unspent: OnceLock<UnspentCredit>,
 }
 
-/// Gives a herald pattern's `lossless` credit back to the engine for a message the engine
-/// charged to it and the connection did not send. Called while the connection's queue is
-/// drained, under its locks: it must not wait for the engine (the session's hook hands the
-/// credit to a task).
-pub type UnspentCredit = Box<dyn Fn(Arc<str>) + Send + Sync>;
+/// Gives `lossless` credit back to the engine (to a herald pattern of the connection, or its
+/// membership of a group) for a message the engine charged to it and the connection did not
+/// send. Called while the connection's queue is drained, under its locks: it must not wait for
+/// the engine (the session's hook hands the credit to a task).
+pub type UnspentCredit = Box<dyn Fn(CreditTo) + Send + Sync>;
 
 impl Encoder {
     pub fn new(
@@ -331,9 +486,9 @@ impl Encoder {
         let _ = self.unspent.set(give_back);
     }
 
-    fn give_back(&self, credit: Option<Arc<str>>) {
-        if let (Some(pattern), Some(give_back)) = (credit, self.unspent.get()) {
-            give_back(pattern);
+    fn give_back(&self, credit: Option<CreditTo>) {
+        if let (Some(credit), Some(give_back)) = (credit, self.unspent.get()) {
+            give_back(credit);
         }
     }
 
@@ -357,18 +512,16 @@ impl Encoder {
         }
     }
 
-    /// A PUBLISH of `name` for this connection, `packet_id` set when `qos` is 1; 5.0: `lost`
-    /// announces the messages of its topic lost before it ([`GAP_PROPERTY`]).
-    #[allow(clippy::too_many_arguments)]
+    /// A PUBLISH of `name` for this connection as `delivery` says (its expiry interval set
+    /// from the message's at `now_us`); 5.0: `lost` announces the messages of its topic lost
+    /// before it ([`GAP_PROPERTY`]).
     fn publish(
         &self,
         s: &Outbound,
         name: &str,
         m: &Publishable,
-        qos: QoS,
-        packet_id: u16,
-        retain: bool,
-        dup: bool,
+        delivery: Delivery,
+        now_us: u64,
         lost: Option<Lost>,
     ) -> Frame {
         let mut properties = m.properties();
@@ -379,11 +532,8 @@ impl Encoder {
         }
         let prepared = Prepared::new(s.version, name, &properties, m.payload.clone());
         let delivery = Delivery {
-            qos,
-            packet_id,
-            retain,
-            dup,
-            ..Delivery::default()
+            message_expiry_interval: extras::seconds_left(m.extras, now_us),
+            ..delivery
         };
         match prepared.head(&delivery) {
             Ok(head) => self.fits(s, head, prepared.body()),
@@ -417,14 +567,24 @@ impl Encoder {
     /// Appends the retained messages `sub` matches, retain flag set, at the lower of their
     /// QoS and its own (QoS 1 ones as the receive maximum lets them go).
     fn retained_for(&self, s: &mut Outbound, sub: &Sub, out: &mut BytesMut) {
-        for (name, message) in self.retained.matching(&sub.filter) {
-            let frame = match message.qos.min(sub.qos) {
+        let now = now_us();
+        for (name, message) in self.retained.matching(&sub.filter, now) {
+            let route = Route {
+                qos: message.qos.min(sub.qos),
+                retain_as_published: true,
+                ids: sub.id.into_iter().collect(),
+            };
+            let frame = match route.qos {
                 QoS::AtMostOnce => {
                     let m = Publishable::from(&message);
-                    let qos = QoS::AtMostOnce;
-                    self.publish(s, &name, &m, qos, 0, true, false, None)
+                    let delivery = Delivery {
+                        retain: true,
+                        subscription_identifiers: &route.ids,
+                        ..Delivery::default()
+                    };
+                    self.publish(s, &name, &m, delivery, now, None)
                 }
-                _ => self.send_qos1(s, Held::Retained { name, message }, None),
+                _ => self.send_qos1(s, Held::Retained { name, message }, route, None),
             };
             out.put_slice(&frame.head);
             out.put_slice(&frame.body);
@@ -432,69 +592,112 @@ impl Encoder {
     }
 
     /// The QoS 1 PUBLISH of `held`, recorded in flight, if the client has room; else it waits
-    /// behind the others. Not sent at all when larger than the client accepts: its credit goes
-    /// back, and its topic's next message announces the loss.
-    fn send_qos1(&self, s: &mut Outbound, held: Held, credit: Option<Arc<str>>) -> Frame {
+    /// behind the others.
+    fn send_qos1(
+        &self,
+        s: &mut Outbound,
+        held: Held,
+        route: Route,
+        credit: Option<CreditTo>,
+    ) -> Frame {
         if !s.flow.has_room() {
             s.flow.wait(held, credit);
             return Frame::default();
         }
-        self.send_now(s, held, credit)
+        self.send_now(s, held, route, credit)
     }
 
     /// [`Encoder::send_qos1`] with room for `held` (so fewer than 65,535 messages in flight,
     /// and an identifier free).
-    fn send_now(&self, s: &mut Outbound, held: Held, credit: Option<Arc<str>>) -> Frame {
-        let packet_id = s.flow.free_id();
-        let frame = match packet_id {
-            Some(id) => self.held_publish(s, &held, id, false),
-            None => Frame::default(),
+    fn send_now(
+        &self,
+        s: &mut Outbound,
+        held: Held,
+        route: Route,
+        credit: Option<CreditTo>,
+    ) -> Frame {
+        let sent = match s.flow.free_id() {
+            Some(id) => self
+                .held_frame(s, &held, &route, id, false)
+                .map(|f| (id, f)),
+            None => Err(Unsent::Undeliverable),
         };
-        let (Some(packet_id), false) = (packet_id, frame.is_empty()) else {
-            if let Some(topic) = held.topic() {
-                s.gaps.add(topic, Lost::Count(1));
+        match sent {
+            Ok((packet_id, frame)) => {
+                s.flow.sent(packet_id, held, credit);
+                frame
             }
-            self.give_back(credit);
-            return frame;
-        };
-        s.flow.sent(packet_id, held, credit);
-        frame
+            Err(why) => {
+                self.not_sent(s, &held, credit, why);
+                Frame::default()
+            }
+        }
     }
 
-    /// The QoS 1 PUBLISH of `held` with `packet_id`, with the loss to announce on its topic.
-    fn held_publish(&self, s: &mut Outbound, held: &Held, packet_id: u16, dup: bool) -> Frame {
+    /// The QoS 1 PUBLISH of `held` with `packet_id` as `route` sends it (at QoS 1 whatever the
+    /// QoS its subscriptions now grant: it is owed as such), with the loss to announce on its
+    /// topic.
+    fn held_frame(
+        &self,
+        s: &mut Outbound,
+        held: &Held,
+        route: &Route,
+        packet_id: u16,
+        dup: bool,
+    ) -> Result<Frame, Unsent> {
+        let (name, p, retain) = match held {
+            Held::Live { message, .. } => {
+                let extras = message.extras();
+                let retain = route.retain_as_published && extras.is_some_and(|e| e.retain);
+                let name = to_mqtt_topic(message.topic()).ok_or(Unsent::Withdrawn)?;
+                (name, Publishable::from(message), retain)
+            }
+            Held::Retained { name, message } => (
+                Cow::Borrowed(name.as_str()),
+                Publishable::from(message),
+                true,
+            ),
+        };
+        let now = clock(p.extras)?;
         let topic = held.topic();
         let lost = topic.and_then(|t| s.gaps.take(t));
-        let qos = QoS::AtLeastOnce;
-        let frame = match held {
-            Held::Live(m) => match to_mqtt_topic(m.topic()) {
-                Some(name) => {
-                    let p = Publishable::from(m);
-                    self.publish(s, &name, &p, qos, packet_id, false, dup, lost)
-                }
-                None => Frame::default(),
-            },
-            Held::Retained { name, message } => {
-                let p = Publishable::from(message);
-                self.publish(s, name, &p, qos, packet_id, true, dup, lost)
-            }
+        let delivery = Delivery {
+            qos: QoS::AtLeastOnce,
+            packet_id,
+            dup,
+            retain,
+            subscription_identifiers: &route.ids,
+            ..Delivery::default()
         };
-        if let (true, Some(topic), Some(lost)) = (frame.is_empty(), topic, lost) {
-            s.gaps.add(topic, lost);
+        let frame = self.publish(s, &name, &p, delivery, now, lost);
+        if frame.is_empty() {
+            if let (Some(topic), Some(lost)) = (topic, lost) {
+                s.gaps.add(topic, lost);
+            }
+            return Err(Unsent::Undeliverable);
         }
-        frame
+        Ok(frame)
+    }
+
+    /// A QoS 1 message not sent after all: its credit goes back, and a loss is counted on its
+    /// topic unless the message was `Withdrawn`.
+    fn not_sent(&self, s: &mut Outbound, held: &Held, credit: Option<CreditTo>, why: Unsent) {
+        if let (Unsent::Undeliverable, Some(topic)) = (why, held.topic()) {
+            s.gaps.add(topic, Lost::Count(1));
+        }
+        self.give_back(credit);
     }
 
     /// The QoS 1 messages that were waiting and the room an acknowledgement made lets go (but
-    /// not those no subscription matches any more).
+    /// not those no subscription sends any more).
     pub fn release(&self, s: &mut Outbound) -> Vec<Frame> {
         let mut frames = Vec::new();
         while let Some((held, credit)) = s.flow.next_waiting() {
-            if !s.routes(&held) {
-                self.give_back(credit);
+            let Some(route) = s.route_held(&held) else {
+                self.not_sent(s, &held, credit, Unsent::Withdrawn);
                 continue;
-            }
-            let frame = self.send_now(s, held, credit);
+            };
+            let frame = self.send_now(s, held, route, credit);
             if !frame.is_empty() {
                 frames.push(frame);
             }
@@ -504,9 +707,9 @@ impl Encoder {
 
     /// The QoS 1 PUBLISH packets in flight, sent again with DUP set and their packet
     /// identifiers, in the order first sent (§4.4: a resumed session), then what now has room.
-    /// One no subscription of the session matches any more (one the new connection's token
-    /// does not grant) is no longer in flight; nor is one too large for this connection's
-    /// client, which counts as lost.
+    /// One no subscription of the session sends any more (one the new connection's token does
+    /// not grant) or that has expired is no longer in flight; nor is one too large for this
+    /// connection's client, which counts as lost.
     pub fn resend(&self, s: &mut Outbound) -> Vec<Frame> {
         let unacknowledged: Vec<(u16, Held)> = s
             .flow
@@ -516,18 +719,16 @@ impl Encoder {
             .collect();
         let mut frames = Vec::new();
         for (id, held) in unacknowledged {
-            if !s.routes(&held) {
-                s.flow.acknowledged(id);
-                continue;
-            }
-            let frame = self.held_publish(s, &held, id, true);
-            if !frame.is_empty() {
-                frames.push(frame);
-                continue;
-            }
-            s.flow.acknowledged(id);
-            if let Some(topic) = held.topic() {
-                s.gaps.add(topic, Lost::Count(1));
+            let sent = match s.route_held(&held) {
+                Some(route) => self.held_frame(s, &held, &route, id, true),
+                None => Err(Unsent::Withdrawn),
+            };
+            match sent {
+                Ok(frame) => frames.push(frame),
+                Err(why) => {
+                    let credit = s.flow.acknowledged(id);
+                    self.not_sent(s, &held, credit, why);
+                }
             }
         }
         frames.extend(self.release(s));
@@ -594,8 +795,8 @@ impl Encoder {
                     *slot = code;
                     // Refused: not a subscription of the connection.
                     if let Some(Some((sub, _))) = pending.subs.get(at) {
-                        let filter = sub.filter.clone();
-                        s.subs.retain(|x| x.filter != filter);
+                        let name = sub.name.clone();
+                        s.subs.remove(&name);
                     }
                 }
                 pending.outstanding = pending.outstanding.saturating_sub(1);
@@ -638,6 +839,7 @@ struct Publishable<'a> {
     payload: &'a Bytes,
     kind: PayloadKind,
     content_type: Option<&'a str>,
+    extras: Option<&'a Extras>,
 }
 
 impl<'a> From<&'a Message> for Publishable<'a> {
@@ -646,6 +848,7 @@ impl<'a> From<&'a Message> for Publishable<'a> {
             payload: m.payload(),
             kind: m.kind(),
             content_type: m.content_type(),
+            extras: m.extras().map(|e| &**e),
         }
     }
 }
@@ -656,18 +859,15 @@ impl<'a> From<&'a Retained> for Publishable<'a> {
             payload: &m.payload,
             kind: m.kind,
             content_type: m.content_type.as_deref(),
+            extras: m.extras.as_deref(),
         }
     }
 }
 
 impl Publishable<'_> {
-    /// herald's text is MQTT's payload format indicator 1; its content type is MQTT's.
+    /// The properties every subscriber's PUBLISH of it carries ([`extras::properties`]).
     fn properties(&self) -> MessageProperties {
-        MessageProperties {
-            payload_utf8: self.kind == PayloadKind::Text,
-            content_type: self.content_type.map(str::to_owned),
-            ..MessageProperties::default()
-        }
+        extras::properties(self.kind, self.content_type, self.extras)
     }
 }
 
@@ -744,39 +944,92 @@ fn shared_head(
 }
 
 impl Encoder {
-    /// The PUBLISH this connection is sent for `message`, or an empty frame when it is not
+    /// The PUBLISH this connection is sent for `message` for its own subscriptions (`group`:
+    /// for its shared subscription named after the group), or an empty frame when it is not
     /// sent one (a name MQTT cannot carry, a `$` topic under a leading wildcard, already
-    /// delivered, larger than the client's maximum packet size) or not yet (QoS 1 waiting for
-    /// room). Credit the engine charged for a message not sent goes back.
-    fn publish_of(&self, message: &Message) -> Frame {
+    /// delivered, expired, larger than the client's maximum packet size) or not yet (QoS 1
+    /// waiting for room). Credit the message spent that no acknowledgement will return goes
+    /// back at once.
+    fn publish_of(&self, message: &Message, group: Option<&Arc<Group>>) -> Frame {
         let mut s = self.state.lock();
-        let credit = match s.uncredited {
-            0 => s.charged(message.topic()),
-            _ => {
+        let topic = message.topic();
+        // Most connections: every subscription QoS 0 and plain, a message with no MQTT 5.0
+        // properties on a topic MQTT names as herald does (no `$`, no `+` or `#` in a level),
+        // no loss to announce (3.1.1 cannot), so the packet is the one every such subscriber
+        // shares.
+        if group.is_none()
+            && s.subs.plain()
+            && s.uncredited == 0
+            && (s.gaps.is_empty() || s.version == Version::V311)
+            && message.extras().is_none()
+            && !topic.starts_with('$')
+            && !topic.contains(['+', '#'])
+        {
+            if s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
+                return Frame::default();
+            }
+            return self.shared_publish(&mut s, message);
+        }
+        let charged = match group {
+            Some(_) => None,
+            None if s.uncredited > 0 => {
                 s.uncredited -= 1;
                 None
             }
+            None => Some(topic),
         };
-        let name = to_mqtt_topic(message.topic());
-        let qos = name.as_deref().and_then(|name| s.route(name));
-        let new = s.seen.as_mut().is_none_or(|seen| seen.delivered(message));
-        let (Some(name), Some(qos), true) = (name, qos, new) else {
+        let name = to_mqtt_topic(topic);
+        let (route, credit) = match group {
+            Some(g) => s.route_grouped(g, name.as_deref()),
+            None => s.route(name.as_deref(), charged),
+        };
+        let (Some(name), Some(route)) = (name, route) else {
             self.give_back(credit);
             return Frame::default();
         };
-        if qos != QoS::AtMostOnce {
-            return self.send_qos1(&mut s, Held::Live(message.clone()), credit);
+        // The session's positions are for its own subscriptions: a shared subscription's
+        // messages are not recovered for it, nor already delivered through it.
+        if group.is_none() && s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
+            self.give_back(credit);
+            return Frame::default();
         }
-        // QoS 0 (a lossless pattern may match it in herald's terms, a QoS 0 filter in MQTT's).
+        if route.qos != QoS::AtMostOnce {
+            let held = Held::Live {
+                message: message.clone(),
+                group: group.cloned(),
+            };
+            return self.send_qos1(&mut s, held, route, credit);
+        }
+        // Sent at QoS 0 (its credit spent for a QoS 1 subscription that matches in herald's
+        // terms only): no PUBACK will return the credit.
         self.give_back(credit);
-        if let Some(lost) = s.gaps.take(message.topic()) {
-            let p = Publishable::from(message);
-            let frame = self.publish(&s, &name, &p, qos, 0, false, false, Some(lost));
-            if frame.is_empty() {
-                s.gaps.add(message.topic(), lost.and(Lost::Count(1)));
-            }
-            return frame;
+        let extras = message.extras();
+        let Ok(now) = clock(extras.map(|e| &**e)) else {
+            return Frame::default();
+        };
+        let retain = route.retain_as_published && extras.is_some_and(|e| e.retain);
+        let lost = s.gaps.take(topic);
+        if route.ids.is_empty() && now == 0 && !retain && lost.is_none() {
+            return self.shared_publish(&mut s, message);
         }
+        let delivery = Delivery {
+            retain,
+            subscription_identifiers: &route.ids,
+            ..Delivery::default()
+        };
+        let p = Publishable::from(message);
+        let frame = self.publish(&s, &name, &p, delivery, now, lost);
+        if frame.is_empty() {
+            let lost = lost.map_or(Lost::Count(1), |lost| lost.and(Lost::Count(1)));
+            s.gaps.add(topic, lost);
+        }
+        frame
+    }
+
+    /// The QoS 0 PUBLISH every plain subscriber of this version and transport is sent: cut
+    /// from the bytes cached in the message; nothing if it exceeds the client's maximum
+    /// packet size (a loss its topic's next message announces).
+    fn shared_publish(&self, s: &mut Outbound, message: &Message) -> Frame {
         let all = message.encoded(SLOT, shared_heads);
         if all.is_empty() {
             return Frame::default();
@@ -795,7 +1048,14 @@ impl Encoder {
 
 impl Encode for Encoder {
     fn message(&self, message: &Message, out: &mut Vec<Frame>) {
-        let frame = self.publish_of(message);
+        let frame = self.publish_of(message, None);
+        if !frame.is_empty() {
+            out.push(frame);
+        }
+    }
+
+    fn grouped(&self, message: &Message, group: &Arc<Group>, out: &mut Vec<Frame>) {
+        let frame = self.publish_of(message, Some(group));
         if !frame.is_empty() {
             out.push(frame);
         }
@@ -814,10 +1074,20 @@ impl Encode for Encoder {
                 cursor,
                 ..
             } => {
-                if let Some(seen) = s.seen.as_mut() {
+                let tag = Tag::of(id);
+                // The session recovers its own subscriptions, not its shared ones.
+                let own = match tag {
+                    Some(Tag::Subscribe { packet_id, filter }) => s
+                        .subacks
+                        .get(&packet_id)
+                        .and_then(|pending| pending.subs.get(usize::from(filter)))
+                        .is_some_and(|sub| sub.as_ref().is_some_and(|(sub, _)| !sub.shared)),
+                    _ => false,
+                };
+                if let (Some(seen), true) = (s.seen.as_mut(), own) {
                     seen.subscribed(topic, cursor);
                 }
-                match Tag::of(id) {
+                match tag {
                     Some(tag) => self.answered(&mut s, tag, None),
                     None => Frame::default(),
                 }
@@ -884,6 +1154,42 @@ mod tests {
                 assert_eq!(ws, [&header[..], &expected[..]].concat());
             }
         }
+    }
+
+    #[test]
+    fn subs_count_those_that_are_not_plain_through_every_change() {
+        let sub = |name: &str, qos| Sub {
+            name: name.into(),
+            filter: name.into(),
+            shared: false,
+            patterns: vec![name.into()],
+            qos,
+            lossless: qos == QoS::AtLeastOnce,
+            retain_as_published: false,
+            id: None,
+            no_local: false,
+        };
+        let mut subs = Subs::default();
+        subs.insert(sub("a", QoS::AtMostOnce));
+        assert!(subs.plain());
+        subs.insert(sub("b", QoS::AtLeastOnce));
+        assert!(!subs.plain(), "a QoS 1 subscription is never plain");
+        subs.insert(sub("b", QoS::AtMostOnce));
+        assert!(subs.plain(), "replaced by a plain one");
+        subs.insert(sub("c", QoS::AtLeastOnce));
+        let mut kept = Outbound {
+            subs,
+            ..Outbound::default()
+        }
+        .take_session();
+        let mut resumed = Outbound::default();
+        kept.subs.retain(|sub| sub.name != "a");
+        resumed.resume(kept, 10);
+        assert!(!resumed.subs.plain(), "resumed with its QoS 1 subscription");
+        resumed.subs.retain(|sub| sub.name != "c");
+        assert!(resumed.subs.plain(), "a token no longer granting it");
+        assert!(resumed.subs.remove("b").is_some());
+        assert!(resumed.subs.plain());
     }
 
     #[test]

@@ -8,13 +8,14 @@
 //! [`Flow`] holds the packets in flight for the whole connection, and a QoS 1 message that
 //! finds no room waits here, in order, until an acknowledgement makes some. herald's
 //! `lossless` credit stays per subscription (the engine's unit): it bounds how much the
-//! engine hands the connection for each pattern before publishers wait, and a message's
-//! credit goes back to its pattern when the client acknowledges it (or when the message is not
-//! sent at all), never before.
+//! engine hands the connection for each pattern (or group membership) before publishers
+//! wait, and a message's credit goes back where it was spent ([`CreditTo`]) when the client
+//! acknowledges it (or when the message is not sent at all), never before.
 
 use super::retained::Retained;
+use herald_core::group::Group;
 use herald_core::message::Message;
-use herald_core::request::Position;
+use herald_core::request::{Position, Request};
 use herald_core::topic::matches;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -23,12 +24,42 @@ use std::sync::Arc;
 /// topic; its value is how many messages were lost, or `unknown` (`docs/mqtt.md`).
 pub const GAP_PROPERTY: &str = "herald-gap";
 
+/// Where the credit a QoS 1 message spent goes back when it is acknowledged (or was not sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreditTo {
+    /// The connection's own subscription to this herald pattern.
+    Pattern(Arc<str>),
+    /// Its membership of this group.
+    Group(Arc<Group>),
+}
+
+impl CreditTo {
+    /// The herald request that returns one message of credit.
+    pub fn request(&self) -> Request {
+        let (topic, group) = match self {
+            CreditTo::Pattern(pattern) => (pattern.to_string(), None),
+            CreditTo::Group(g) => (g.pattern.to_string(), Some(g.name.to_string())),
+        };
+        Request::Credit {
+            id: None,
+            topic,
+            group,
+            n: 1,
+            bytes: 0,
+        }
+    }
+}
+
 /// A QoS 1 message owed to the client: kept until it is acknowledged, to be sent again (DUP)
 /// when the session resumes on a new connection (§4.4).
 #[derive(Debug, Clone)]
 pub enum Held {
-    /// A message herald delivered.
-    Live(Message),
+    /// A message herald delivered: for the connection's own subscriptions, or for its shared
+    /// subscription named after `group`.
+    Live {
+        message: Message,
+        group: Option<Arc<Group>>,
+    },
     /// A retained message sent after a SUBACK, with its MQTT topic name.
     Retained { name: String, message: Retained },
 }
@@ -37,7 +68,7 @@ impl Held {
     /// The herald topic of a live message, whose gaps it announces.
     pub fn topic(&self) -> Option<&str> {
         match self {
-            Held::Live(m) => Some(m.topic()),
+            Held::Live { message, .. } => Some(message.topic()),
             Held::Retained { .. } => None,
         }
     }
@@ -49,8 +80,8 @@ struct Sent {
     /// When it was sent, among the others: they are sent again in this order.
     order: u64,
     held: Held,
-    /// The herald pattern whose `lossless` credit the message spent, returned by its PUBACK.
-    credit: Option<Arc<str>>,
+    /// Where the `lossless` credit the message spent goes back, with its PUBACK.
+    credit: Option<CreditTo>,
 }
 
 /// The QoS 1 messages of a session between herald and the client.
@@ -61,7 +92,7 @@ pub struct Flow {
     sent_count: u64,
     in_flight: HashMap<u16, Sent>,
     /// Messages with no room under the receive maximum, oldest first, with their credit.
-    waiting: VecDeque<(Held, Option<Arc<str>>)>,
+    waiting: VecDeque<(Held, Option<CreditTo>)>,
 }
 
 impl Default for Flow {
@@ -104,7 +135,7 @@ impl Flow {
     }
 
     /// `held` went out as QoS 1 PUBLISH `packet_id` (from [`Flow::free_id`]).
-    pub fn sent(&mut self, packet_id: u16, held: Held, credit: Option<Arc<str>>) {
+    pub fn sent(&mut self, packet_id: u16, held: Held, credit: Option<CreditTo>) {
         self.sent_count += 1;
         let sent = Sent {
             order: self.sent_count,
@@ -115,21 +146,21 @@ impl Flow {
     }
 
     /// `held` waits for room, behind those already waiting.
-    pub fn wait(&mut self, held: Held, credit: Option<Arc<str>>) {
+    pub fn wait(&mut self, held: Held, credit: Option<CreditTo>) {
         self.waiting.push_back((held, credit));
     }
 
     /// The oldest waiting message, once the client has room for it.
-    pub fn next_waiting(&mut self) -> Option<(Held, Option<Arc<str>>)> {
+    pub fn next_waiting(&mut self) -> Option<(Held, Option<CreditTo>)> {
         if !self.room() {
             return None;
         }
         self.waiting.pop_front()
     }
 
-    /// The client acknowledged PUBLISH `packet_id`: the pattern to return a message of credit
-    /// to, if its message spent some.
-    pub fn acknowledged(&mut self, packet_id: u16) -> Option<Arc<str>> {
+    /// The client acknowledged PUBLISH `packet_id`: where to return a message of credit, if
+    /// its message spent some.
+    pub fn acknowledged(&mut self, packet_id: u16) -> Option<CreditTo> {
         self.in_flight.remove(&packet_id).and_then(|s| s.credit)
     }
 
@@ -188,6 +219,11 @@ impl Gaps {
                 self.0.insert(topic.into(), lost);
             }
         }
+    }
+
+    /// Whether no loss waits to be announced.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// The loss to announce with the next message of `topic`, taken.
@@ -284,10 +320,13 @@ mod tests {
     fn the_receive_maximum_holds_for_the_connection_and_the_rest_waits_in_order() {
         let mut flow = Flow::default();
         flow.set_receive_maximum(2);
-        let credit = |p: &str| Some(Arc::from(p));
+        let credit = |p: &str| Some(CreditTo::Pattern(Arc::from(p)));
         let mut ids = Vec::new();
         for (i, pattern) in ["a", "b", "a", "b"].into_iter().enumerate() {
-            let held = Held::Live(message(pattern, "e", i as u64 + 1));
+            let held = Held::Live {
+                message: message(pattern, "e", i as u64 + 1),
+                group: None,
+            };
             if flow.has_room() {
                 let id = flow.free_id().unwrap();
                 flow.sent(id, held, credit(pattern));
@@ -308,7 +347,7 @@ mod tests {
             .unacknowledged()
             .iter()
             .map(|(_, h)| match h {
-                Held::Live(m) => m.seq(),
+                Held::Live { message, .. } => message.seq(),
                 Held::Retained { .. } => 0,
             })
             .collect();

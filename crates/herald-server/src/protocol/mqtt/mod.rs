@@ -12,6 +12,7 @@
 //! - [`properties`]: MQTT 5.0 properties, which may appear in which packet, and how often.
 //! - [`packet`]: the packets a client sends, and the streaming [`packet::Decoder`].
 //! - [`encode`]: what the server sends, with [`encode::Prepared`] for PUBLISH fan-out.
+//! - [`extras`]: a message's 5.0 properties as herald carries them, and back.
 //! - [`topic`]: MQTT names and filters to herald topics and patterns, and MQTT's own matching.
 //! - [`retained`]: the retained messages of a node.
 //! - [`delivery`]: what a session tracks of its deliveries: QoS 1 messages in flight under the
@@ -24,6 +25,7 @@
 pub mod codec;
 pub mod delivery;
 pub mod encode;
+pub mod extras;
 pub mod packet;
 pub mod persist;
 pub mod properties;

@@ -26,13 +26,19 @@
 //!   queue's messages follow (the newest `mqtt_session_queue_messages` of them), and the
 //!   parked connection goes. A message the session already has is never sent twice (its
 //!   position says so).
+//! - **Shared subscriptions** are kept and resumed as the others are (the new connection
+//!   rejoins their groups), but the parked connection joins no group: while the client is
+//!   away, the members still connected take the group's messages rather than a queue no one
+//!   reads. What the ending connection had queued for a QoS 1 shared subscription is owed to
+//!   the client, waiting in the session's [`super::delivery::Flow`] until it comes back; for a
+//!   QoS 0 one, it is a loss.
 //! - **A session taken over** (a second CONNECT with the same identifier, §3.1.4) goes the
 //!   same way at once: the old connection is closed (5.0: DISCONNECT 0x8E), its session
 //!   parked and resumed on the new one.
 //! - **Losses are not silent.** A topic that lost messages (queue overflow, history trimmed,
-//!   an epoch that changed, a message too large for the client) is marked in [`Gaps`]: the
-//!   topic's next message to a 5.0 client carries the user property `herald-gap` (how many,
-//!   or `unknown`). 3.1.1 has no way to say it.
+//!   an epoch that changed, a message too large for the client) is marked in the session's
+//!   [`super::delivery::Gaps`]: the topic's next message to a 5.0 client carries the user
+//!   property `herald-gap` (how many, or `unknown`). 3.1.1 has no way to say it.
 //! - **Expiry** is a timer per parked session, which also publishes a delayed will (5.0)
 //!   when its delay passes first; a client that comes back in time cancels both (the timer
 //!   finds its session moved on: every connection and parked session has its own generation).
@@ -40,10 +46,10 @@
 //! Sessions are per node: the store is in the node's memory
 //! ([`super::sessions::SessionStore`]).
 
-use super::codec::{framed, Encoder, Kept, Outbound, UnspentCredit};
-use super::delivery::{Gaps, Lost};
+use super::codec::{framed, Encoder, Kept, Outbound, Sub, UnspentCredit};
+use super::delivery::{CreditTo, Held, Lost};
 use super::encode::{self, ProblemInfo};
-use super::sessions::{Collector, Live, Parked, Queue, Slot, Will};
+use super::sessions::{Collected, Collector, Live, Parked, Queue, Slot, Will};
 use super::{ReasonCode, Version};
 use crate::clock::now_us;
 use crate::connection::{Connection, Framing, QueueLimits};
@@ -52,6 +58,7 @@ use crate::node::Node;
 use crate::session::Context;
 use herald_core::codec::Frame;
 use herald_core::engine::{ConnId, Engine, Outbox};
+use herald_core::group::Group;
 use herald_core::message::Message;
 use herald_core::policy::Policy;
 use herald_core::request::{Request, Subscribe};
@@ -195,7 +202,7 @@ fn take_over(node: &Arc<Node>, old: Live) -> Parked {
 
 /// What `conn` queued and never sent (messages, and the losses its `drop` policy counted),
 /// taken from its queue.
-fn unsent(conn: &Connection) -> (Vec<Message>, Gaps) {
+fn unsent(conn: &Connection) -> Collected {
     let unsent = Collector::default();
     conn.drain_with(&unsent);
     unsent.take()
@@ -203,18 +210,20 @@ fn unsent(conn: &Connection) -> (Vec<Message>, Gaps) {
 
 /// Parks the session in `state`, whose connection has gone or is closing, with what that
 /// connection queued and never sent (`unsent`): an engine connection without a socket takes
-/// the session's QoS 1 subscriptions, recovering from the positions the session delivered
-/// what its connection lost beyond that (a slow consumer's discarded backlog).
+/// the session's own QoS 1 subscriptions, recovering from the positions the session delivered
+/// what its connection lost beyond that (a slow consumer's discarded backlog). Its shared
+/// subscriptions hold no membership while it is away.
 fn park(
     node: &Node,
     engine: &mut Engine<Arc<Connection>>,
-    (unsent, gaps): (Vec<Message>, Gaps),
+    unsent: Collected,
     state: &Mutex<Outbound>,
     generation: u64,
     will: Option<Will>,
 ) -> Parked {
     let mut kept = state.lock().take_session();
-    kept.gaps.merge(gaps);
+    kept.gaps.merge(unsent.gaps);
+    owe_grouped(&mut kept, unsent.grouped);
     let patterns = lossless_patterns(&kept);
     let queue = (!patterns.is_empty()).then(|| {
         let collector = Arc::new(Collector::default());
@@ -253,18 +262,40 @@ fn park(
     Parked {
         generation,
         kept,
-        unsent,
+        unsent: unsent.messages,
         queue,
         will,
     }
 }
 
-/// The distinct herald patterns of a session's QoS 1 subscriptions, in order.
+/// The messages of a shared subscription that an ending connection had queued and never sent:
+/// the session owes its client those of a QoS 1 subscription, waiting their turn (the credit
+/// they spent was the membership's, which ends with the connection); one of a QoS 0
+/// subscription (or of one the session no longer holds) is lost.
+fn owe_grouped(kept: &mut Kept, grouped: Vec<(Message, Arc<Group>)>) {
+    for (message, group) in grouped {
+        let owed = kept
+            .subs
+            .iter()
+            .any(|sub| sub.shared && sub.lossless && *sub.name == *group.name);
+        if !owed {
+            kept.gaps.add(message.topic(), Lost::Count(1));
+            continue;
+        }
+        let held = Held::Live {
+            message,
+            group: Some(group),
+        };
+        kept.flow.wait(held, None);
+    }
+}
+
+/// The distinct herald patterns of a session's own QoS 1 subscriptions, in order.
 fn lossless_patterns(kept: &Kept) -> Vec<String> {
     let mut seen = HashSet::new();
     kept.subs
         .iter()
-        .filter(|sub| sub.lossless)
+        .filter(|sub| sub.lossless && !sub.shared)
         .flat_map(|sub| &sub.patterns)
         .filter(|p| seen.insert(p.as_str()))
         .cloned()
@@ -279,41 +310,53 @@ fn resume(node: &Node, cx: &mut Context<'_>, joining: &Joining<'_>, parked: Park
         queue,
         ..
     } = parked;
+    let limits = node.mqtt_sessions.limits;
+    let subscribe = |sub: &Sub, pattern: &str| Subscribe {
+        topic: pattern.to_owned(),
+        policy: sub.lossless.then_some(Policy::Lossless),
+        window: sub
+            .lossless
+            .then(|| limits.window(joining.receive_maximum, sub.shared)),
+        group: sub.shared.then(|| sub.name.clone()),
+        no_local: sub.no_local,
+        ..Subscribe::default()
+    };
     // A subscription the new connection's token does not grant as it was is not resumed.
     kept.subs.retain(|sub| {
-        sub.patterns.iter().all(|pattern| {
-            let probe = Subscribe {
-                topic: pattern.clone(),
-                policy: sub.lossless.then_some(Policy::Lossless),
-                ..Subscribe::default()
-            };
-            cx.admits(&Request::Subscribe(probe))
-        })
+        sub.patterns
+            .iter()
+            .all(|pattern| cx.admits(&Request::Subscribe(subscribe(sub, pattern))))
     });
-    let mut patterns: Vec<(String, bool)> = Vec::new();
-    for sub in &kept.subs {
+    // One herald subscription per pattern of its own subscriptions (`lossless` if one of
+    // those using it is, `no_local` if all are), one membership per pattern of each shared
+    // one (which rejoins its group).
+    let mut subscribes: Vec<Subscribe> = Vec::new();
+    for sub in kept.subs.iter() {
         for pattern in &sub.patterns {
-            match patterns.iter_mut().find(|(p, _)| p == pattern) {
-                Some((_, lossless)) => *lossless |= sub.lossless,
-                None => patterns.push((pattern.clone(), sub.lossless)),
+            let next = subscribe(sub, pattern);
+            let same = subscribes
+                .iter_mut()
+                .find(|s| s.group.is_none() && next.group.is_none() && s.topic == next.topic);
+            match same {
+                Some(same) => {
+                    if sub.lossless {
+                        (same.policy, same.window) = (next.policy, next.window);
+                    }
+                    same.no_local &= next.no_local;
+                }
+                None => subscribes.push(next),
             }
         }
     }
-    let window = node.mqtt_sessions.limits.window(joining.receive_maximum);
     let mut engine = node.engine.lock();
-    for (pattern, lossless) in patterns {
-        let subscribe = Subscribe {
-            topic: pattern,
-            policy: lossless.then_some(Policy::Lossless),
-            window: lossless.then_some(window),
-            ..Subscribe::default()
-        };
+    for subscribe in subscribes {
         // A refusal (a limit reached) leaves that pattern without messages.
         let _ = engine.handle(cx.id, Request::Subscribe(subscribe), now_us());
     }
-    let (kept_away, gaps) = queue.map_or_else(Default::default, |q| take_queue(&mut engine, q));
+    let kept_away = queue.map_or_else(Collected::default, |q| take_queue(&mut engine, q));
+    let gaps = kept_away.gaps;
     let mut messages = unsent;
-    messages.extend(kept_away);
+    messages.extend(kept_away.messages);
     interest_changed(node, &mut engine);
     let frames = {
         let mut s = joining.state.lock();
@@ -339,7 +382,7 @@ fn resume(node: &Node, cx: &mut Context<'_>, joining: &Joining<'_>, parked: Park
 
 /// The messages a parked session's queue kept, and the losses it counted; the parked
 /// connection goes.
-fn take_queue(engine: &mut Engine<Arc<Connection>>, q: Queue) -> (Vec<Message>, Gaps) {
+fn take_queue(engine: &mut Engine<Arc<Connection>>, q: Queue) -> Collected {
     q.conn.drain_with(&*q.collector);
     engine.disconnect(q.id);
     q.collector.take()
@@ -414,22 +457,24 @@ async fn watch(
 /// Publishes a will on behalf of a client whose connection is gone (its grants were checked
 /// when it connected).
 async fn publish_will(node: Arc<Node>, will: Will) {
-    if let Some(retained) = will.retained {
+    let (publish, retained) = will.published(now_us());
+    if let Some(retained) = retained {
         // A full store keeps the will from being retained; it is still published.
-        let _ = node.mqtt_retained.publish(&will.publish.topic, retained);
+        let _ = node.mqtt_retained.publish(&publish.topic, retained);
     }
-    if let Err(e) = node.publish(&will.publish, 0).await {
-        tracing::debug!(topic = %will.publish.topic, error = %e, "an MQTT will was refused");
+    if let Err(e) = node.publish(&publish, 0).await {
+        tracing::debug!(topic = %publish.topic, error = %e, "an MQTT will was refused");
     }
 }
 
 /// How a connection gives back `lossless` credit the engine charged for a message it did not
 /// send: a task grants it (the encoder calls this under the connection's locks, where the
-/// engine's lock must not be waited for), if the connection still holds the subscription.
+/// engine's lock must not be waited for), if the connection is still the engine's (a
+/// subscription or membership it no longer holds takes no credit).
 pub fn credit_return(node: &Arc<Node>, id: ConnId, conn: &Arc<Connection>) -> UnspentCredit {
     let node = Arc::downgrade(node);
     let conn = Arc::downgrade(conn);
-    Box::new(move |pattern: Arc<str>| {
+    Box::new(move |credit: CreditTo| {
         let (node, conn) = (node.clone(), conn.clone());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -443,23 +488,18 @@ pub fn credit_return(node: &Arc<Node>, id: ConnId, conn: &Arc<Connection>) -> Un
                 if !engine.outbox(id).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
                     return;
                 }
-                let credit = Request::Credit {
-                    id: None,
-                    topic: pattern.to_string(),
-                    n: 1,
-                    bytes: 0,
-                };
-                let _ = engine.handle(id, credit, now_us());
+                let _ = engine.handle(id, credit.request(), now_us());
             }
             node.released.notify_waiters();
         });
     })
 }
 
-/// Per herald pattern, how many of `subs`' subscriptions use it (`a/#` and `a` share `a`).
+/// Per herald pattern, how many of the connection's own (not shared) subscriptions use it
+/// (`a/#` and `a` share `a`).
 pub fn pattern_users(state: &Mutex<Outbound>) -> HashMap<String, usize> {
     let mut users = HashMap::new();
-    for sub in &state.lock().subs {
+    for sub in state.lock().subs.iter().filter(|sub| !sub.shared) {
         for pattern in &sub.patterns {
             *users.entry(pattern.clone()).or_default() += 1;
         }

@@ -7,15 +7,19 @@
 //! becoming it. A native client's `snapshot` is the topic's last value, which is the retained
 //! message only when nothing was published to the topic since without retain.
 //!
+//! A retained message whose expiry interval has passed is let go at the next lookup.
+//!
 //! Bounded by entries (the node's `max_topics`); a lookup for a filter goes through every
 //! entry, as a broker without a retained-message index does.
 
 use super::topic::{mqtt_matches, to_mqtt_topic};
 use super::QoS;
 use bytes::Bytes;
+use herald_core::extras::Extras;
 use herald_core::request::PayloadKind;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One retained message, as it is sent again.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +29,8 @@ pub struct Retained {
     pub content_type: Option<String>,
     /// The QoS it was published with: a subscriber gets the lower of this and its own.
     pub qos: QoS,
+    /// Its 5.0 properties and expiry ([`super::extras`]).
+    pub extras: Option<Arc<Extras>>,
 }
 
 /// The store is full: a new topic cannot retain a message (PUBACK 0x97, quota exceeded).
@@ -66,10 +72,11 @@ impl RetainedStore {
         Ok(())
     }
 
-    /// The retained messages whose topics MQTT filter `filter` matches, with their MQTT topic
-    /// names (herald topics without one are left out).
-    pub fn matching(&self, filter: &str) -> Vec<(String, Retained)> {
-        let entries = self.entries.lock();
+    /// The retained messages whose topics MQTT filter `filter` matches at `now_us`, with their
+    /// MQTT topic names (herald topics without one are left out). Expired ones are let go.
+    pub fn matching(&self, filter: &str, now_us: u64) -> Vec<(String, Retained)> {
+        let mut entries = self.entries.lock();
+        entries.retain(|_, m| !m.extras.as_ref().is_some_and(|e| e.expired(now_us)));
         entries
             .iter()
             .filter_map(|(topic, message)| {
@@ -98,6 +105,7 @@ mod tests {
             kind: PayloadKind::Binary,
             content_type: None,
             qos: QoS::AtLeastOnce,
+            extras: None,
         }
     }
 
@@ -106,9 +114,9 @@ mod tests {
         let store = RetainedStore::new(10);
         store.publish("a/b", msg(b"1")).unwrap();
         store.publish("a/b", msg(b"2")).unwrap();
-        assert_eq!(store.matching("a/b"), vec![("a/b".into(), msg(b"2"))]);
+        assert_eq!(store.matching("a/b", 0), vec![("a/b".into(), msg(b"2"))]);
         store.publish("a/b", msg(b"")).unwrap();
-        assert!(store.matching("a/b").is_empty());
+        assert!(store.matching("a/b", 0).is_empty());
         assert!(store.is_empty());
     }
 
@@ -120,15 +128,31 @@ mod tests {
         store.publish("$SYS/x", msg(b"3")).unwrap();
         // The empty MQTT level is the herald level `+`.
         store.publish("a/+", msg(b"4")).unwrap();
-        let mut names: Vec<String> = store.matching("a/#").into_iter().map(|m| m.0).collect();
+        let mut names: Vec<String> = store.matching("a/#", 0).into_iter().map(|m| m.0).collect();
         names.sort();
         assert_eq!(names, ["a", "a/", "a/b"]);
         assert_eq!(
-            store.matching("#").len(),
+            store.matching("#", 0).len(),
             3,
             "a leading wildcard skips $ topics"
         );
-        assert_eq!(store.matching("$SYS/#").len(), 1);
+        assert_eq!(store.matching("$SYS/#", 0).len(), 1);
+    }
+
+    #[test]
+    fn an_expired_message_is_no_longer_retained() {
+        let store = RetainedStore::new(10);
+        let expiring = Retained {
+            extras: Some(Arc::new(Extras {
+                expires_us: Some(100),
+                ..Extras::default()
+            })),
+            ..msg(b"1")
+        };
+        store.publish("a", expiring).unwrap();
+        assert_eq!(store.matching("a", 99).len(), 1);
+        assert!(store.matching("a", 100).is_empty());
+        assert!(store.is_empty());
     }
 
     #[test]

@@ -8,13 +8,19 @@
 //! [`Encoder`], which the session shares its [`Outbound`] state with: a PUBACK goes out once
 //! herald accepted the message, a SUBACK once every herald subscribe of it is answered.
 //!
+//! A shared subscription (`$share/{group}/{filter}`) is a herald group subscription per
+//! pattern, the group named after the whole subscription, so that the connections holding the
+//! same one share its messages ([`herald_core::group`]). A PUBLISH's 5.0 properties and retain
+//! flag travel with the message as its extras ([`super::extras`]).
+//!
 //! A session that outlives its connection (clean session 0, session expiry), a client
 //! identifier taken over and a delayed will are [`super::persist`]'s. What the session does not
-//! do, and why, is in `docs/mqtt.md`: no shared subscriptions, no subscription identifiers.
+//! do, and why, is in `docs/mqtt.md`.
 
 use super::codec::{framed, Encoder, Outbound, Sub, Tag};
 use super::delivery::Seen;
 use super::encode::{self, AckKind, ConnackProperties, ProblemInfo};
+use super::extras::extras_of;
 use super::packet::{self, Connect, Decoder, Limits, Packet, Reply as Refusal, RetainHandling};
 use super::persist::{self, Joining};
 use super::retained::{Retained, RetainedStore};
@@ -216,8 +222,8 @@ impl Mqtt {
             receive_maximum: Some(RECEIVE_MAXIMUM),
             maximum_packet_size: Some(self.maximum_packet_size),
             topic_alias_maximum: Some(TOPIC_ALIAS_MAXIMUM),
-            subscription_identifiers_available: Some(false),
-            shared_subscription_available: Some(false),
+            subscription_identifiers_available: Some(true),
+            shared_subscription_available: Some(true),
             ..ConnackProperties::default()
         };
         if expiry != expiry_asked {
@@ -328,12 +334,14 @@ impl Mqtt {
         } else {
             PayloadKind::Binary
         };
+        let extras = extras_of(&p.message, p.retain, cx.now_us);
         let retain = p.retain.then(|| {
             let message = Retained {
                 payload: p.payload.clone(),
                 kind,
                 content_type: p.message.content_type.clone(),
                 qos: p.qos.min(QoS::AtLeastOnce),
+                extras: extras.clone(),
             };
             self.state.lock().retain(topic.clone(), message)
         });
@@ -352,6 +360,7 @@ impl Mqtt {
             kind,
             content_type: p.message.content_type,
             stamp: false,
+            extras,
         }));
         Ok(())
     }
@@ -361,42 +370,25 @@ impl Mqtt {
         cx: &mut Context<'_>,
         sub: packet::Subscribe,
     ) -> Result<(), Disconnect> {
-        if sub.subscription_identifier.is_some() {
-            return Err(self.disconnect(
-                cx,
-                ReasonCode::SubscriptionIdentifiersNotSupported,
-                "herald does not support subscription identifiers",
-            ));
-        }
         let connected = self.connect.as_mut().expect("CONNECT came first");
-        let window = self
-            .node
-            .mqtt_sessions
-            .limits
-            .window(connected.receive_maximum);
+        let limits = self.node.mqtt_sessions.limits;
         let mut codes = Vec::with_capacity(sub.filters.len());
         // Per filter, the subscription asked for and whether its retained messages follow.
         let mut send_retained = Vec::with_capacity(sub.filters.len());
         let mut requests = Vec::new();
         for (i, f) in sub.filters.iter().enumerate() {
-            let parsed = match parse_subscription(&f.filter) {
-                Ok(parsed) if parsed.share_group.is_some() => {
-                    codes.push(ReasonCode::SharedSubscriptionsNotSupported);
-                    send_retained.push(None);
-                    continue;
-                }
-                Ok(parsed) => parsed,
-                Err(_) => {
-                    codes.push(ReasonCode::TopicFilterInvalid);
-                    send_retained.push(None);
-                    continue;
-                }
+            let Ok(parsed) = parse_subscription(&f.filter) else {
+                codes.push(ReasonCode::TopicFilterInvalid);
+                send_retained.push(None);
+                continue;
             };
             let Ok(filter) = to_herald_patterns(parsed.filter) else {
                 codes.push(ReasonCode::TopicFilterInvalid);
                 send_retained.push(None);
                 continue;
             };
+            // A shared subscription is a herald group named after it (docs/mqtt.md).
+            let group = parsed.share_group.map(|_| f.filter.clone());
             // QoS 2 is granted as 1; 1 is herald's `lossless` where it may be, else 0.
             let wants_qos1 = f.qos != QoS::AtMostOnce;
             let lossless = wants_qos1 && {
@@ -423,33 +415,33 @@ impl Mqtt {
                 QoS::AtMostOnce
             };
             let mut s = self.state.lock();
-            let existed = match s.subs.iter().position(|x| x.filter == parsed.filter) {
-                Some(at) => {
-                    s.subs.remove(at);
-                    true
-                }
-                None => false,
-            };
             let entry = Sub {
+                name: f.filter.clone(),
                 filter: parsed.filter.to_owned(),
+                shared: group.is_some(),
                 patterns: filter.patterns.clone(),
                 qos,
                 lossless,
+                retain_as_published: f.retain_as_published,
+                id: sub.subscription_identifier,
+                no_local: f.no_local,
             };
-            s.subs.push(entry.clone());
+            let existed = s.subs.insert(entry.clone());
             drop(s);
             codes.push(match qos {
                 QoS::AtMostOnce => ReasonCode::Success,
                 _ => ReasonCode::GrantedQoS1,
             });
-            let wants_retained = match f.retain_handling {
-                RetainHandling::OnSubscribe => true,
-                RetainHandling::OnNewSubscription => !existed,
-                RetainHandling::Never => false,
-            };
+            // §4.8.2: a shared subscription is not sent retained messages.
+            let wants_retained = group.is_none()
+                && match f.retain_handling {
+                    RetainHandling::OnSubscribe => true,
+                    RetainHandling::OnNewSubscription => !existed,
+                    RetainHandling::Never => false,
+                };
             send_retained.push(Some((entry, wants_retained)));
             for pattern in filter.patterns {
-                if !existed {
+                if !existed && group.is_none() {
                     *connected.pattern_users.entry(pattern.clone()).or_default() += 1;
                 }
                 requests.push(Request::Subscribe(Subscribe {
@@ -462,7 +454,10 @@ impl Mqtt {
                     ),
                     topic: pattern,
                     policy: lossless.then_some(Policy::Lossless),
-                    window: lossless.then_some(window),
+                    window: lossless
+                        .then(|| limits.window(connected.receive_maximum, group.is_some())),
+                    group: group.clone(),
+                    no_local: f.no_local,
                     ..Subscribe::default()
                 }));
             }
@@ -488,12 +483,22 @@ impl Mqtt {
         let mut requests = Vec::new();
         let mut s = self.state.lock();
         for filter in &u.filters {
-            let Some(at) = s.subs.iter().position(|x| x.filter == *filter) else {
+            let Some(sub) = s.subs.remove(filter) else {
                 codes.push(ReasonCode::NoSubscriptionExisted);
                 continue;
             };
-            let sub = s.subs.remove(at);
             codes.push(ReasonCode::Success);
+            let tag = Tag::Unsubscribe {
+                packet_id: u.packet_id,
+            };
+            if sub.shared {
+                requests.extend(sub.patterns.into_iter().map(|topic| Request::Unsubscribe {
+                    id: Some(tag.id()),
+                    topic,
+                    group: Some(sub.name.clone()),
+                }));
+                continue;
+            }
             for pattern in sub.patterns {
                 let users = connected.pattern_users.entry(pattern.clone()).or_default();
                 *users = users.saturating_sub(1);
@@ -505,13 +510,9 @@ impl Mqtt {
                     seen.unsubscribed(&pattern);
                 }
                 requests.push(Request::Unsubscribe {
-                    id: Some(
-                        Tag::Unsubscribe {
-                            packet_id: u.packet_id,
-                        }
-                        .id(),
-                    ),
+                    id: Some(tag.id()),
                     topic: pattern,
+                    group: None,
                 });
             }
         }
@@ -543,13 +544,8 @@ impl Mqtt {
                 for frame in released {
                     cx.send(frame);
                 }
-                if let Some(pattern) = credit {
-                    cx.request(Request::Credit {
-                        id: None,
-                        topic: pattern.to_string(),
-                        n: 1,
-                        bytes: 0,
-                    });
+                if let Some(credit) = credit {
+                    cx.request(credit.request());
                 }
                 Ok(())
             }
@@ -673,11 +669,12 @@ impl Protocol for Mqtt {
             c.expiry,
         );
         if let Some(will) = now {
-            if let Some(retained) = will.retained {
+            let (publish, retained) = will.published(cx.now_us);
+            if let Some(retained) = retained {
                 // A full store keeps the will from being retained; it is still published.
-                let _ = self.retained.publish(&will.publish.topic, retained);
+                let _ = self.retained.publish(&publish.topic, retained);
             }
-            cx.request(Request::Publish(will.publish));
+            cx.request(Request::Publish(publish));
         }
     }
 }
@@ -699,6 +696,7 @@ fn prepare_will(cx: &mut Context<'_>, will: Option<packet::Will>) -> Option<Will
         kind,
         content_type: will.message.content_type.clone(),
         stamp: false,
+        extras: None,
     };
     if !cx.admits(&Request::Publish(publish.clone())) {
         return None;
@@ -706,12 +704,14 @@ fn prepare_will(cx: &mut Context<'_>, will: Option<packet::Will>) -> Option<Will
     let retained = will.retain.then(|| Retained {
         payload: will.payload,
         kind,
-        content_type: will.message.content_type,
+        content_type: will.message.content_type.clone(),
         qos: will.qos.min(QoS::AtLeastOnce),
+        extras: None,
     });
     Some(Will {
         publish,
         retained,
+        properties: will.message,
         delay: will.delay_interval,
     })
 }
@@ -1029,12 +1029,53 @@ mod tests {
         bad.send(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]).await;
         bad.closed().await;
         let mut v5 = connected(&node, 5).await;
-        v5.send(&subscribe(5, 4, "$share/g/t", 1)).await;
-        assert_eq!(v5.packet().await, (0x90, vec![0, 4, 0, 0x9E]));
+        v5.send(&subscribe(5, 4, "$share/g", 1)).await;
+        assert_eq!(v5.packet().await, (0x90, vec![0, 4, 0, 0x8F]));
         v5.send(&subscribe(5, 5, "a/#/b", 1)).await;
         assert_eq!(v5.packet().await, (0x90, vec![0, 5, 0, 0x8F]));
         v5.send(&[0xC0, 0]).await;
         assert_eq!(v5.packet().await, (0xD0, vec![]));
+    }
+
+    #[tokio::test]
+    async fn a_shared_subscription_gives_each_message_to_one_member_and_no_retained() {
+        let node = node().await;
+        let mut publisher = connected(&node, 5).await;
+        publisher
+            .send(&publish(5, 0, true, "s/r", 0, b"kept"))
+            .await;
+        let mut members = Vec::new();
+        for level in [5, 4] {
+            let mut m = connected(&node, level).await;
+            m.send(&subscribe(level, 1, "$share/g/s/+", 0)).await;
+            let granted = if level == 5 {
+                vec![0, 1, 0, 0]
+            } else {
+                vec![0, 1, 0]
+            };
+            assert_eq!(m.packet().await, (0x90, granted));
+            members.push(m);
+        }
+        // Its own subscription to the same filter is another: it gets every message.
+        let mut own = connected(&node, 4).await;
+        own.send(&subscribe(4, 1, "s/+", 0)).await;
+        own.packet().await;
+        assert_eq!(own.packet().await.0, 0x31, "the retained message");
+        for i in 0..4u8 {
+            publisher
+                .send(&publish(5, 0, false, "s/x", 0, &[b'0' + i]))
+                .await;
+        }
+        let payload = |p: (u8, Vec<u8>)| *p.1.last().unwrap();
+        for (k, m) in members.iter_mut().enumerate() {
+            let got = [payload(m.packet().await), payload(m.packet().await)];
+            let k = k as u8;
+            assert_eq!(got, [b'0' + k, b'2' + k], "member {k}");
+            m.quiet().await;
+        }
+        for i in 0..4u8 {
+            assert_eq!(payload(own.packet().await), b'0' + i);
+        }
     }
 
     #[tokio::test]
@@ -1212,5 +1253,71 @@ mod tests {
             "{again} sent again (DUP), the others never sent before"
         );
         drop(stuck);
+    }
+    #[tokio::test]
+    async fn a_kept_session_leaves_its_shared_subscription_while_away_and_rejoins_it() {
+        let node = node().await;
+        let mut away = Client::new(&node).await;
+        away.send(&connect_persistent("member")).await;
+        assert_eq!(away.packet().await.0, 0x20);
+        away.send(&subscribe(4, 1, "$share/g/sh/#", 1)).await;
+        assert_eq!(away.packet().await, (0x90, vec![0, 1, 1]));
+        let mut other = connected(&node, 4).await;
+        other.send(&subscribe(4, 1, "$share/g/sh/#", 0)).await;
+        assert_eq!(other.packet().await, (0x90, vec![0, 1, 0]));
+        away.end();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut publisher = connected(&node, 4).await;
+        let payload = |p: (u8, Vec<u8>)| *p.1.last().unwrap();
+        for i in b'0'..b'4' {
+            publisher.send(&publish(4, 0, false, "sh/x", 0, &[i])).await;
+        }
+        for i in b'0'..b'4' {
+            assert_eq!(payload(other.packet().await), i, "the member still there");
+        }
+        let mut back = Client::new(&node).await;
+        back.send(&connect_persistent("member")).await;
+        assert_eq!(back.packet().await, (0x20, vec![1, 0]), "session present");
+        back.quiet().await;
+        // Back in the group with no SUBSCRIBE, at QoS 1: one message each.
+        for i in [b'4', b'5'] {
+            publisher.send(&publish(4, 0, false, "sh/x", 0, &[i])).await;
+        }
+        let (_, mine) = qos1_of(4, back.packet().await, false);
+        let theirs = payload(other.packet().await);
+        let mut both = [mine[0], theirs];
+        both.sort();
+        assert_eq!(both, [b'4', b'5']);
+        back.quiet().await;
+        other.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn a_shared_subscriptions_unacknowledged_message_goes_with_its_session() {
+        let node = node().await;
+        let expiry = [0x11, 0, 0, 0, 60];
+        let mut first = Client::new(&node).await;
+        first.send(&connect5("sh", true, &expiry)).await;
+        assert_eq!(first.packet().await.0, 0x20);
+        first.send(&subscribe(5, 1, "$share/g/q", 1)).await;
+        assert_eq!(first.packet().await, (0x90, vec![0, 1, 0, 1]));
+        let mut publisher = connected(&node, 4).await;
+        publisher.send(&publish(4, 0, false, "q", 0, b"m")).await;
+        let sent = qos1_of(5, first.packet().await, false);
+        assert_eq!(sent.1, b"m");
+        let mut second = Client::new(&node).await;
+        second.send(&connect5("sh", false, &expiry)).await;
+        let (kind, body) = second.packet().await;
+        assert_eq!((kind, body[0]), (0x20, 1), "CONNACK, session present");
+        assert_eq!(first.packet().await.0, 0xE0, "DISCONNECT, taken over");
+        assert_eq!(
+            qos1_of(5, second.packet().await, true),
+            sent,
+            "sent again, DUP"
+        );
+        // Acknowledged, it returns the credit of the membership the session rejoined.
+        second.send(&packet(0x40, &sent.0.to_be_bytes())).await;
+        publisher.send(&publish(4, 0, false, "q", 0, b"n")).await;
+        assert_eq!(qos1_of(5, second.packet().await, false).1, b"n");
     }
 }

@@ -7,12 +7,15 @@
 
 use super::codec::{Kept, Outbound};
 use super::delivery::{Gaps, Lost};
+use super::extras::extras_of;
+use super::packet::MessageProperties;
 use super::retained::Retained;
 use super::Version;
 use crate::config::Config;
 use crate::connection::{Connection, Framing};
 use herald_core::codec::{Encode, Frame};
 use herald_core::engine::ConnId;
+use herald_core::group::Group;
 use herald_core::message::Message;
 use herald_core::reply::{DropReason, GapReason, Reply};
 use herald_core::request::Publish;
@@ -46,9 +49,12 @@ impl SessionLimits {
 
     /// The `lossless` window of a QoS 1 subscription of a client with `receive_maximum`: the
     /// messages in flight, and as many waiting as a session keeps for a client that is away.
-    /// Past it, publishers wait for the client's acknowledgements.
-    pub fn window(&self, receive_maximum: u16) -> u64 {
-        u64::from(receive_maximum) + self.queue_messages as u64
+    /// Past it, publishers wait for the client's acknowledgements. A `shared` subscription's
+    /// membership has the messages in flight alone, so that a member whose client is slow to
+    /// acknowledge is passed over rather than made to hold what other members could take.
+    pub fn window(&self, receive_maximum: u16, shared: bool) -> u64 {
+        let waiting = if shared { 0 } else { self.queue_messages };
+        u64::from(receive_maximum) + waiting as u64
     }
 
     /// The session expiry a client asking for `asked` seconds gets.
@@ -60,11 +66,32 @@ impl SessionLimits {
 /// A will message, checked against the client's grants when it connected, ready to publish.
 #[derive(Debug, Clone)]
 pub struct Will {
+    /// Its publish, without extras until it is published.
     pub publish: Publish,
     /// Its retained message, when it is published with retain.
     pub retained: Option<Retained>,
+    /// Its 5.0 properties, carried as the message's extras once it is published.
+    pub properties: MessageProperties,
     /// Seconds after the connection ends before it is published (5.0).
     pub delay: u32,
+}
+
+impl Will {
+    /// The will as published at `now_us`: its publish, and its retained message if it is
+    /// published with retain, both carrying its properties and retain flag as extras (its
+    /// expiry interval counts from now, §3.1.3.2.4).
+    pub fn published(self, now_us: u64) -> (Publish, Option<Retained>) {
+        let extras = extras_of(&self.properties, self.retained.is_some(), now_us);
+        let retained = self.retained.map(|retained| Retained {
+            extras: extras.clone(),
+            ..retained
+        });
+        let publish = Publish {
+            extras,
+            ..self.publish
+        };
+        (publish, retained)
+    }
 }
 
 /// The session a connection holds.
@@ -141,24 +168,39 @@ impl SessionStore {
     }
 }
 
-/// The codec of a parked session's queue: nothing is written, so it encodes nothing. It keeps
-/// the gaps its recovery reports, and, when the queue is taken, its messages and the losses
-/// its `drop` policy counted.
+/// The codec of a parked session's queue, or of what a connection that ends leaves queued:
+/// nothing is written, so it encodes nothing. It keeps the gaps its recovery reports, and,
+/// when the queue is drained, its messages and the losses its `drop` policy counted.
 #[derive(Default)]
 pub struct Collector {
-    taken: Mutex<(Vec<Message>, Gaps)>,
+    taken: Mutex<Collected>,
+}
+
+/// What a [`Collector`] kept.
+#[derive(Default)]
+pub struct Collected {
+    /// Messages for the connection's own subscriptions, oldest first.
+    pub messages: Vec<Message>,
+    /// Messages for its shared subscriptions, with the group each came for.
+    pub grouped: Vec<(Message, Arc<Group>)>,
+    pub gaps: Gaps,
 }
 
 impl Collector {
     /// What was collected since the last call.
-    pub fn take(&self) -> (Vec<Message>, Gaps) {
+    pub fn take(&self) -> Collected {
         std::mem::take(&mut *self.taken.lock())
     }
 }
 
 impl Encode for Collector {
     fn message(&self, message: &Message, _: &mut Vec<Frame>) {
-        self.taken.lock().0.push(message.clone());
+        self.taken.lock().messages.push(message.clone());
+    }
+
+    fn grouped(&self, message: &Message, group: &Arc<Group>, _: &mut Vec<Frame>) {
+        let grouped = (message.clone(), group.clone());
+        self.taken.lock().grouped.push(grouped);
     }
 
     fn reply(&self, reply: &Reply) -> Frame {
@@ -172,14 +214,14 @@ impl Encode for Collector {
                     }
                     GapReason::EpochChanged { .. } | GapReason::UnknownTopic => Lost::Unknown,
                 };
-                taken.1.add(&gap.topic, lost);
+                taken.gaps.add(&gap.topic, lost);
             }
         }
         Frame::default()
     }
 
     fn dropped(&self, topic: &str, count: u64, _: DropReason) -> Frame {
-        self.taken.lock().1.add(topic, Lost::Count(count));
+        self.taken.lock().gaps.add(topic, Lost::Count(count));
         Frame::default()
     }
 }

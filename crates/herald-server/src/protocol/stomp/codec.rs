@@ -299,6 +299,7 @@ impl StompCodec {
                         body_len: m.payload().len(),
                         seq: m.seq(),
                         epoch: m.epoch(),
+                        ts: m.stamp_us(),
                         dropped: dropped.map(|(count, why)| (count, why.as_str())),
                     },
                     state.version,

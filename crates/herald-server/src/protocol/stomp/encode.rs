@@ -9,7 +9,8 @@
 //!    `ack:<id>:` (the value is `<subscription id>:<message-id>`, finished by chunk 2);
 //! 2. the headers every subscriber shares, built once per message ([`MessageHead`]): the rest
 //!    of the `ack` value when chunk 1 started one, `message-id`, `destination`, `content-type`,
-//!    `content-length`, herald's [`SEQ`] and [`EPOCH`], the blank line; subscribers without an
+//!    `content-length`, herald's [`SEQ`] and [`EPOCH`] (and [`TS`] when the publisher asked
+//!    for herald's receive time), the blank line; subscribers without an
 //!    `ack` header get a slice of the same buffer that starts at `message-id`;
 //! 3. the payload, shared with every subscriber and every protocol, never copied;
 //! 4. the NUL that ends the frame.
@@ -22,6 +23,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const SEQ: &str = "seq";
 /// MESSAGE header with the epoch of that numbering.
 pub const EPOCH: &str = "epoch";
+/// MESSAGE header with herald's receive time of the message, µs since the UNIX epoch, when
+/// its SEND asked with `stamp:true` (the native protocol's `ts`).
+pub const TS: &str = "ts";
 /// MESSAGE header counting the messages of its topic that did not reach the subscriber
 /// before this one (its slow-consumer policy let them go).
 pub const DROPPED: &str = "dropped";
@@ -159,6 +163,8 @@ pub struct MessageParts<'a> {
     pub body_len: usize,
     pub seq: u64,
     pub epoch: &'a str,
+    /// herald's receive time ([`TS`]), when the publisher asked for it.
+    pub ts: Option<u64>,
     /// Messages of this topic that did not reach the subscriber before this one, and why
     /// (the [`DROPPED`] and [`DROPPED_REASON`] headers).
     pub dropped: Option<(u64, &'a str)>,
@@ -194,6 +200,9 @@ impl MessageHead {
         header(&mut out, "content-length", &parts.body_len.to_string(), v);
         header(&mut out, SEQ, &parts.seq.to_string(), v);
         header(&mut out, EPOCH, parts.epoch, v);
+        if let Some(ts) = parts.ts {
+            header(&mut out, TS, &ts.to_string(), v);
+        }
         if let Some((count, reason)) = parts.dropped {
             header(&mut out, DROPPED, &count.to_string(), v);
             header(&mut out, DROPPED_REASON, reason, v);

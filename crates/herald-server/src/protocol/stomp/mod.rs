@@ -29,4 +29,6 @@ pub use frame::{Command, Frame};
 pub use version::Version;
 
 #[cfg(test)]
+mod session_tests;
+#[cfg(test)]
 mod tests;

@@ -241,7 +241,8 @@ impl StompSession {
             payload: frame.body.clone(),
             kind,
             content_type: frame.header("content-type").map(str::to_owned),
-            stamp: false,
+            stamp: frame.header("stamp") == Some("true"),
+            extras: None,
         }));
         Ok(())
     }
@@ -352,7 +353,11 @@ impl StompSession {
             .ok_or_else(|| Refusal::of(frame, format!("no subscription with id {id:?}")))?;
         let requests = ended
             .into_iter()
-            .map(|topic| Request::Unsubscribe { id: None, topic })
+            .map(|topic| Request::Unsubscribe {
+                id: None,
+                topic,
+                group: None,
+            })
             .collect();
         self.carry(cx, frame, requests);
         Ok(())
@@ -399,6 +404,7 @@ impl StompSession {
             cx.request(Request::Credit {
                 id: None,
                 topic,
+                group: None,
                 n,
                 bytes: 0,
             });

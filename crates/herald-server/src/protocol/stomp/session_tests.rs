@@ -7,6 +7,7 @@ use crate::listener;
 use crate::node::Node;
 use crate::Config;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -428,6 +428,7 @@ fn message_frames_share_their_head_and_body() {
         body_len: payload.len(),
         seq: 42,
         epoch: "e1",
+        ts: None,
         dropped: None,
     };
     let head = MessageHead::new(&parts, Version::V1_2);
@@ -465,6 +466,21 @@ fn message_frames_share_their_head_and_body() {
     assert_eq!(
         a.0[1].as_ptr() as usize + a.0[1].len(),
         b.0[1].as_ptr() as usize + b.0[1].len()
+    );
+    // A stamped message carries herald's receive time after its position.
+    let stamped = MessageHead::new(
+        &MessageParts {
+            ts: Some(1_700_000_000_123_456),
+            ..parts
+        },
+        Version::V1_2,
+    );
+    let (headers, _) = read_message(&stamped.frame(&auto, &payload));
+    assert_eq!(headers.len(), want.len() + 1);
+    assert_eq!(headers[..want.len()], want);
+    assert_eq!(
+        headers[want.len()],
+        ("ts".into(), "1700000000123456".into())
     );
     // 1.1 and 1.0 subscribers acknowledge by message-id: no ack header.
     let head11 = MessageHead::new(&parts, Version::V1_1);

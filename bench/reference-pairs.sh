@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# herald beside the C reference server (bench/reference/epoll_fanout.c) in the same minutes:
+# the Solace 3.1.2 scenario (20,000 topics, 100 subscriptions and 100 msg/s per client, 50-byte
+# payloads) in interleaved rounds herald, reference, herald, reference, …; every server on
+# core 0, the bench on core 1. Prints each run's figures, the medians over the rounds, and the
+# ratios herald / reference of p99.9, p50 and the server's CPU per delivery (issue 31's
+# targets are these ratios).
+#
+#   bench/reference-pairs.sh [--clients N] [--duration SECS] [--warmup SECS] [--rounds R]
+#                            [--bin HERALD] [--out DIR] [--scenario FILE] [--set KEY=VALUE]...
+#
+# Defaults: 1,000 clients, 20 s measured after 5 s of warm-up, 3 rounds, target/release/herald,
+# reports (JSON and Markdown per run) in a new directory under /tmp (printed). `--set` passes a
+# scenario key to both (e.g. `--set rate=160000` for 800 k/s at 1,000 clients; herald's
+# per-connection limit of 100,000 frames/s is lifted for every run, so the publisher is never
+# cut off).
+# herald is spawned by the bench (`--spawn-bin`, which pins it to core 0 and the bench to
+# core 1); the reference runs under `taskset -c 0`, measured with `--server-pid`.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+clients=1000 duration=20 warmup=5 rounds=3
+bin="$here/../target/release/herald"
+scenario="$here/scenarios/solace-3.1.2-very-high.toml"
+out=""
+extra=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --clients) clients="$2"; shift 2 ;;
+        --duration) duration="$2"; shift 2 ;;
+        --warmup) warmup="$2"; shift 2 ;;
+        --rounds) rounds="$2"; shift 2 ;;
+        --bin) bin="$2"; shift 2 ;;
+        --out) out="$2"; shift 2 ;;
+        --scenario) scenario="$2"; shift 2 ;;
+        --set) extra+=(--set "$2"); shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[ -x "$bin" ] || { echo "no herald binary at $bin (cargo build --release -p herald, or --bin)" >&2; exit 1; }
+[ "$(nproc)" -ge 2 ] || { echo "needs two cores: the server on core 0, the bench on core 1" >&2; exit 1; }
+make -s -C "$here/reference" epoll_fanout
+[ -n "$out" ] || out=$(mktemp -d /tmp/reference-pairs.XXXXXX)
+mkdir -p "$out"
+work=$(mktemp -d)
+ref_pid=""
+
+. "$here/rounds.sh"
+
+cleanup() {
+    if [ -n "$ref_pid" ]; then stop "$ref_pid"; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+printf '[limits]\nmax_messages_per_sec = 0\nmax_bytes_per_sec = 0\n' >"$work/herald.toml"
+
+for round in $(seq "$rounds"); do
+    run herald "$round" "" --spawn-bin "$bin" --server-arg=--config --server-arg="$work/herald.toml"
+    ref_port=$(port)
+    taskset -c 0 "$here/reference/epoll_fanout" "$ref_port" >"$work/reference.log" 2>&1 &
+    ref_pid=$!
+    for _ in $(seq 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$ref_port") 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    run reference "$round" 1 --url "ws://127.0.0.1:$ref_port/ws" --server-pid "$ref_pid"
+    stop "$ref_pid"; ref_pid=""
+done
+
+python3 "$here/pairs.py" --out "$out" --rounds "$rounds" \
+    --title "Solace 3.1.2 scenario at $clients clients" herald reference

@@ -1,0 +1,36 @@
+# Shared by the interleaved-round scripts (bench/mqtt-vs-mosquitto.sh,
+# bench/reference-pairs.sh): sourced, not run. `run` reads the caller's bin, scenario, clients,
+# duration, warmup, rounds and out, and passes the caller's `extra` array (more `--set`s) to
+# every bench run.
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Stops a process this script started: TERM, then KILL after 5 s.
+stop() {
+    local pid="$1"
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# One run: name, round, the core the bench is pinned to ("" when it pins itself beside a
+# server it spawns), then its target arguments. Bounded: connecting at the scenario's
+# 2,000/s, warm-up, window, drain, and a minute and a half to spare; SIGINT first, which the
+# bench answers by stopping what it spawned.
+run() {
+    local name="$1" round="$2" core="$3"; shift 3
+    local limit pin=()
+    limit=$(python3 -c "print(int($clients / 2000 + $warmup + $duration + 90))")
+    [ -z "$core" ] || pin=(taskset -c "$core")
+    echo "== round $round/$rounds: $name ($clients clients, ${duration}s)" >&2
+    timeout -s INT -k 20 "$limit" "${pin[@]}" "$bin" bench "$scenario" "$@" \
+        --clients "$clients" --duration "$duration" --set warmup="$warmup" \
+        "${extra[@]}" --quiet \
+        --json "$out/r$round-$name.json" --markdown "$out/r$round-$name.md" >/dev/null \
+        || echo "   $name failed in round $round (exit $?); see $out/r$round-$name.md if written" >&2
+}
+

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# What a second worker thread costs herald (issue 31, "every core"): the Solace 3.1.2 scenario
+# in interleaved rounds against herald with one worker thread on core 0 and herald with two
+# worker threads free to use both cores; the bench on core 1 in both. Prints each run's
+# figures, medians over the rounds, and the ratios two-workers / one-worker of p99.9, p50 and
+# herald's CPU per delivery (the contention a shared engine costs shows there).
+#
+#   bench/workers-pairs.sh [--clients N] [--duration SECS] [--warmup SECS] [--rounds R]
+#                          [--bin HERALD] [--out DIR] [--scenario FILE] [--set KEY=VALUE]...
+#
+# Defaults: 1,000 clients, 20 s measured after 5 s of warm-up, 3 rounds, target/release/herald,
+# reports in a new directory under /tmp (printed). herald's per-connection limit of 100,000
+# frames/s is lifted, so the publisher is never cut off.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+clients=1000 duration=20 warmup=5 rounds=3
+bin="$here/../target/release/herald"
+scenario="$here/scenarios/solace-3.1.2-very-high.toml"
+out=""
+extra=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --clients) clients="$2"; shift 2 ;;
+        --duration) duration="$2"; shift 2 ;;
+        --warmup) warmup="$2"; shift 2 ;;
+        --rounds) rounds="$2"; shift 2 ;;
+        --bin) bin="$2"; shift 2 ;;
+        --out) out="$2"; shift 2 ;;
+        --scenario) scenario="$2"; shift 2 ;;
+        --set) extra+=(--set "$2"); shift 2 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[ -x "$bin" ] || { echo "no herald binary at $bin (cargo build --release -p herald, or --bin)" >&2; exit 1; }
+[ "$(nproc)" -ge 2 ] || { echo "needs two cores" >&2; exit 1; }
+[ -n "$out" ] || out=$(mktemp -d /tmp/workers-pairs.XXXXXX)
+mkdir -p "$out"
+work=$(mktemp -d)
+server_pid=""
+
+. "$here/rounds.sh"
+
+cleanup() {
+    if [ -n "$server_pid" ]; then stop "$server_pid"; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+printf '[limits]\nmax_messages_per_sec = 0\nmax_bytes_per_sec = 0\n' >"$work/herald.toml"
+
+# One round of herald with WORKERS threads on CORES: name, round, workers, cores.
+serve_and_run() {
+    local name="$1" round="$2" workers="$3" cores="$4" p
+    p=$(port)
+    taskset -c "$cores" "$bin" serve --listen "127.0.0.1:$p" --config "$work/herald.toml" \
+        --workers "$workers" --log warn >"$work/$name.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    run "$name" "$round" 1 --url "ws://127.0.0.1:$p/ws" --server-pid "$server_pid"
+    stop "$server_pid"; server_pid=""
+}
+
+for round in $(seq "$rounds"); do
+    serve_and_run one-worker "$round" 1 0
+    serve_and_run two-workers "$round" 2 0,1
+done
+
+python3 "$here/pairs.py" --out "$out" --rounds "$rounds" \
+    --title "Solace 3.1.2 scenario at $clients clients, one worker and two" two-workers one-worker

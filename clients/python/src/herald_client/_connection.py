@@ -1,0 +1,221 @@
+"""herald's WebSocket connection: websockets' asyncio client connection, with a shorter way for
+messages in and out.
+
+websockets (its handshake, parser, framing, masking, pings and closing handshake) does the
+WebSocket protocol; what this subclass changes is how a message reaches the client and how the
+client's messages reach the socket, where websockets' general-purpose path costs a client that
+moves thousands of messages a second, or images of many MiB, more than the protocol itself:
+
+- **In:** each message is handed to the client's `receiver` as soon as it is parsed, inside the
+  transport's callback, instead of being queued for a task that `recv()`s it and hands it on: no
+  task switch per message. The connection is an asyncio `BufferedProtocol`, so the kernel reads
+  small frames into one reused buffer and a large payload straight into its own (`_reader.py`).
+- **Out:** a whole message is framed, masked and written to the transport at once (`write_now`),
+  without the per-send context manager, lock and drain of `send()` or the frame object, checks and
+  `BytesIO` of websockets' serializer, and awaits only when the transport's buffer is full. Credit
+  for lossless subscriptions goes this way, synchronously, the moment a message is handled. A
+  large message goes as fragments that are views of the caller's buffer (`send_fragments`), each
+  masked into a block of its own and written after its header, not copied again; one message at a
+  time: `write_now` waits for it rather than interleave. websockets still writes the control
+  frames (pings, pongs, the close), which may go between fragments.
+
+It relies on websockets' asyncio internals besides its public sans-I/O `Protocol`: the
+`create_connection` hook, `process_event`, `data_received`, `send_data`, `drain`, `paused` and
+`response`, the same from websockets 14 to 17 (tests/test_reader.py checks the installed one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.client import ClientProtocol
+from websockets.frames import Close, CloseCode, Frame, Opcode
+from websockets.protocol import Event, State
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # a websockets built without its C extension
+    from websockets.utils import apply_mask
+
+from . import _reader
+from ._errors import NotConnected
+
+# Reads that are not into a large payload's buffer land in this many bytes, reused (asyncio's own
+# transport reads at most this much at a time too).
+_READ = 64 * 1024
+
+# The size of the fragments of a large message. Each is masked into a new block; below glibc's
+# default mmap threshold (128 KiB) those blocks come from the heap and are reused, where blocks as
+# large as the payload would be mapped and page-faulted in for every message.
+FRAGMENT = 124 * 1024
+
+# Masking keys are drawn from os.urandom this many at a time (one system call for many frames).
+_KEYS = 1024
+
+_TEXT, _BINARY, _CONT, _FIN = 0x1, 0x2, 0x0, 0x80
+
+Receiver = Callable[[str | bytes | bytearray], None]
+
+
+class Connection(ClientConnection, asyncio.BufferedProtocol):
+    """A websockets client connection that hands each message to `receiver` as it is parsed and
+    writes whole messages synchronously. Make it with ``websockets.asyncio.client.connect(...,
+    create_connection=Connection)``, then `attach` the receiver."""
+
+    def __init__(self, protocol: ClientProtocol, *args: Any, **kwargs: Any) -> None:
+        super().__init__(protocol, *args, **kwargs)
+        self._receiver: Receiver | None = None
+        # Messages parsed before the receiver was attached (herald speaks first only to answer,
+        # so normally none).
+        self._early: list[str | bytes | bytearray] = []
+        # The fragments of a message that came in several frames, and whether it is text.
+        self._fragments: list[bytes | bytearray] = []
+        self._text = False
+        self._scratch = memoryview(bytearray(_READ))
+        self._payloads = _reader.install(protocol.reader, _reader.BufferPool())
+        # Set while a fragmented message is being written: nothing else may go between its frames.
+        self._sending: asyncio.Future[None] | None = None
+        self._keys = b""
+        self._key_at = 0
+
+    def attach(self, receiver: Receiver) -> None:
+        """From now on every message goes to `receiver` (a `str` for text, else bytes-like)."""
+        self._receiver = receiver
+        early, self._early = self._early, []
+        for message in early:
+            receiver(message)
+
+    # ----------------------------------------------------------------------------------------
+    # Reading
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        space = self._payloads.space() if self._payloads is not None else None
+        return self._scratch if space is None else space
+
+    def buffer_updated(self, nbytes: int) -> None:
+        payloads = self._payloads
+        if payloads is not None and payloads.into is not None:
+            if payloads.filled(nbytes):
+                self.data_received(b"")  # the payload is complete: the parser goes on
+            return
+        self.data_received(self._scratch[:nbytes])  # type: ignore[arg-type]  # it copies what it keeps
+
+    def process_event(self, event: Event) -> None:
+        if self.response is None or not isinstance(event, Frame) or event.opcode not in _DATA:
+            super().process_event(event)  # the handshake's response, and control frames
+            return
+        if event.opcode is not Opcode.CONT:
+            self._text = event.opcode is Opcode.TEXT
+        # The parser gives `bytes` or `bytearray` (a large payload's own buffer, _reader.py).
+        data = event.data if isinstance(event.data, (bytes, bytearray)) else bytes(event.data)
+        if not event.fin:
+            self._fragments.append(data)
+            return
+        if self._fragments:
+            data = b"".join([*self._fragments, data])
+            self._fragments = []
+        message: str | bytes | bytearray = data
+        if self._text:
+            try:
+                message = data.decode()
+            except UnicodeDecodeError as e:
+                self.protocol.fail(CloseCode.INVALID_DATA, f"{e.reason} at position {e.start}")
+                self.send_data()
+                return
+        if self._receiver is None:
+            self._early.append(message)
+        else:
+            self._receiver(message)
+
+    # ----------------------------------------------------------------------------------------
+    # Writing
+
+    def _check_open(self) -> None:
+        state = self.protocol.state
+        if state is not State.OPEN:
+            close: Close | None = self.protocol.close_rcvd or self.protocol.close_sent
+            raise NotConnected(f"the connection is {state.name.lower()}" + (f" ({close})" if close else ""))
+
+    def _key(self) -> bytes:
+        """A fresh masking key (RFC 6455 5.3: from a strong source of entropy, one per frame)."""
+        at = self._key_at
+        if at == len(self._keys):
+            self._keys, at = os.urandom(4 * _KEYS), 0
+        self._key_at = at + 4
+        return self._keys[at : at + 4]
+
+    def _frame(self, first: int, data: bytes | memoryview) -> tuple[bytes, bytes]:
+        """A client frame of `data` (`first`: FIN and opcode): its header with the masking key,
+        and the masked payload."""
+        key = self._key()
+        n = len(data)
+        if n < 126:
+            head = struct.pack("!BB", first, 0x80 | n)
+        elif n < 65536:
+            head = struct.pack("!BBH", first, 0xFE, n)
+        else:
+            head = struct.pack("!BBQ", first, 0xFF, n)
+        return head + key, apply_mask(data, key)
+
+    def write_now(self, data: bytes, text: bool) -> bool:
+        """Writes one whole message to the transport now; False (nothing written) while a
+        fragmented message is being sent. Raises `NotConnected` unless the connection is open."""
+        if self._sending is not None:
+            return False
+        self._check_open()
+        head, payload = self._frame(_FIN | (_TEXT if text else _BINARY), data)
+        self.transport.write(head + payload)
+        return True
+
+    async def send_message(self, data: bytes, text: bool) -> None:
+        """Writes one whole message, after any fragmented one being sent, and waits while the
+        transport's buffer is full."""
+        while not self.write_now(data, text):
+            assert self._sending is not None
+            await asyncio.shield(self._sending)
+        if self.paused:
+            await self.drain()
+
+    async def send_fragments(self, first: bytes, rest: memoryview) -> None:
+        """Writes one binary message: `first`, then `rest` in fragments of `FRAGMENT` bytes that
+        are views of it, each masked into a block that is written after its header as it is."""
+        while self._sending is not None:
+            await asyncio.shield(self._sending)
+        self._sending = self.loop.create_future()
+        started = False
+        try:
+            self._check_open()
+            head, payload = self._frame(_BINARY, first)
+            self.transport.write(head + payload)
+            started = True
+            for at in range(0, len(rest), FRAGMENT):
+                if self.paused:
+                    await self.drain()
+                self._check_open()
+                last = at + FRAGMENT >= len(rest)
+                head, payload = self._frame(_CONT | (_FIN if last else 0), rest[at : at + FRAGMENT])
+                self.transport.write(head)
+                self.transport.write(payload)
+            if not rest:
+                self.transport.write(b"".join(self._frame(_CONT | _FIN, b"")))
+            started = False
+            if self.paused:
+                await self.drain()
+        except BaseException:
+            # A message cut off between its frames leaves the connection unusable: it is failed
+            # (1011) and the client reconnects.
+            if started and self.protocol.state is State.OPEN:
+                self.protocol.fail(CloseCode.INTERNAL_ERROR, "error in fragmented message")
+                self.send_data()
+            raise
+        finally:
+            self._sending.set_result(None)
+            self._sending = None
+
+
+_DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)

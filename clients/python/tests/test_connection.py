@@ -1,0 +1,257 @@
+"""The connection and its payload reader (herald_client/_connection.py, _reader.py): frames parse
+as through websockets' own reader whatever the chunks they arrive in, large payloads land in
+buffers of their own that are used again only once nothing refers to them, messages are handed
+over whole and written as masked frames websockets parses back, and the installed websockets is
+one these apply to (a websockets whose internals changed is caught here)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+from collections.abc import Generator
+
+import pytest
+from conftest import Herald, run_async, within
+from websockets.client import ClientProtocol
+from websockets.datastructures import Headers
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Response
+from websockets.protocol import Protocol, State
+from websockets.streams import StreamReader
+from websockets.uri import parse_uri
+
+import herald_client
+from herald_client._connection import FRAGMENT, Connection
+from herald_client._reader import LARGE, BufferPool, PayloadReader, install
+
+CPYTHON_GIL = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+
+
+def payload_reader() -> PayloadReader:
+    reader = install(StreamReader(), BufferPool())
+    assert reader is not None
+    return reader
+
+
+def parse_all(reader: StreamReader, wire: bytes, chunks: list[int], into_space: bool = False) -> list[Frame]:
+    """Feeds `wire` to `reader` in pieces of the sizes in `chunks` (cycled), parsing frames. With
+    `into_space`, bytes the reader has room for in a large payload's buffer are written there, as
+    the connection has the kernel do."""
+    frames: list[Frame] = []
+
+    def parser() -> Generator[None, None, None]:
+        while True:
+            frame = yield from Frame.parse(reader.read_exact, mask=False)
+            frames.append(frame)
+
+    gen = parser()
+    next(gen)
+    at, i = 0, 0
+    while at < len(wire):
+        n = chunks[i % len(chunks)]
+        space = reader.space() if into_space and isinstance(reader, PayloadReader) else None
+        if space is not None:
+            assert isinstance(reader, PayloadReader)
+            n = min(n, len(space), len(wire) - at)
+            space[:n] = wire[at : at + n]
+            if reader.filled(n):
+                next(gen)
+        else:
+            reader.feed_data(wire[at : at + n])
+            next(gen)
+        at, i = at + n, i + 1
+    return frames
+
+
+def shape(frames: list[Frame]) -> list[tuple[Opcode, bool, bytes]]:
+    return [(f.opcode, f.fin, bytes(f.data)) for f in frames]
+
+
+def test_large_and_small_frames_in_any_chunks_parse_as_websockets_own_reader_does() -> None:
+    rng = random.Random(5)
+    sent = [
+        Frame(Opcode.TEXT, b'{"op":"pong"}'),
+        Frame(Opcode.BINARY, os.urandom(LARGE), fin=False),
+        Frame(Opcode.CONT, os.urandom(3 * LARGE + 17)),
+        Frame(Opcode.BINARY, os.urandom(LARGE - 1)),
+        Frame(Opcode.BINARY, b""),
+        Frame(Opcode.BINARY, os.urandom(2 * LARGE)),
+        Frame(Opcode.TEXT, b"x" * 100),
+    ]
+    wire = b"".join(f.serialize(mask=False) for f in sent)
+    every = [
+        [256 * 1024],
+        [64 * 1024],  # what the connection reads at most outside a large payload
+        [1, 1, 1, 3 * 65536 + 5],  # a few bytes at a time, then larger
+        [LARGE - 3, 7],
+        [rng.randrange(1, 300_000) for _ in range(50)],
+        [len(wire)],  # all at once
+    ]
+    for chunks in every:
+        theirs = parse_all(StreamReader(), wire, chunks)
+        for into_space in (False, True):
+            ours = parse_all(payload_reader(), wire, chunks, into_space)
+            assert shape(ours) == shape(theirs) == shape(sent)
+            # A large payload is a buffer of its own, the size of the payload.
+            assert all(type(f.data) is bytearray for f in ours if len(f.data) >= LARGE)
+
+
+def test_the_stream_ending_inside_a_large_frame_is_an_eof_error() -> None:
+    reader = payload_reader()
+    wire = Frame(Opcode.BINARY, bytes(2 * LARGE)).serialize(mask=False)
+    gen = Frame.parse(reader.read_exact, mask=False)
+    next(gen)
+    reader.feed_data(wire[: LARGE + 10])
+    next(gen)
+    reader.feed_eof()
+    with pytest.raises(EOFError):
+        next(gen)
+
+
+@pytest.mark.skipif(not CPYTHON_GIL, reason="buffers are reused only where reference counts are exact")
+def test_the_pool_lends_a_buffer_again_only_once_nothing_refers_to_it() -> None:
+    pool = BufferPool(size=2)
+    a = pool.take(1000)
+    b = pool.take(1000)
+    a_id, b_id = id(a), id(b)
+    assert b is not a
+    view = memoryview(a)
+    del a
+    c = pool.take(1000)  # a view of the first is left, the second is held: a new one
+    assert id(c) not in (a_id, b_id)
+    view.release()
+    del view, c
+    d = pool.take(900)  # the first, resized to what is asked
+    assert id(d) == a_id and len(d) == 900
+    del b
+    e = pool.take(5000)  # the second, grown
+    assert id(e) == b_id and len(e) == 5000
+
+
+@run_async()
+async def test_the_installed_websockets_gets_the_connection_and_the_payload_reader(herald: Herald) -> None:
+    async with herald_client.connect(herald.url) as h:
+        ws = h._ws
+        assert isinstance(ws, Connection)
+        protocol: Protocol = ws.protocol
+        assert type(protocol.reader) is PayloadReader
+        # The transport reads through get_buffer (BufferedProtocol), so large payloads land in place.
+        assert isinstance(ws.transport.get_protocol(), asyncio.BufferedProtocol)
+        sub = await h.subscribe("reader/big")
+        payload = os.urandom(5 * LARGE + 3)
+        text = "é" * (LARGE // 2 + 1000)  # a text frame over LARGE bytes
+        await h.publish("reader/big", payload)
+        await h.publish("reader/big", b"small")
+        await h.publish("reader/big", text)
+        m = await within(sub.__anext__())
+        assert m.data == payload
+        assert (await within(sub.__anext__())).data == b"small"
+        assert (await within(sub.__anext__())).data == text
+
+
+@run_async()
+async def test_a_payload_kept_is_never_overwritten_and_one_dropped_is_read_into_again(herald: Herald) -> None:
+    async with herald_client.connect(herald.url) as h, herald_client.connect(herald.url) as publisher:
+        # One image at a time, as a subscriber that keeps up sees them.
+        sub = await h.subscribe("reader/reuse", policy="lossless", window=1)
+        images = [bytes([i]) * (LARGE * 3) for i in range(12)]
+        for image in images:
+            await publisher.publish("reader/reuse", image, ack=False)
+        kept = await within(sub.__anext__())
+        view = kept.payload  # a view of the first payload, and the message, both kept
+        ids = set()
+        for image in images[1:]:
+            m = await within(sub.__anext__())
+            assert m.data == image
+            ids.add(id(m.payload.obj))
+            del m
+        assert bytes(view) == images[0] and kept.data == images[0]
+        assert view.readonly
+        if CPYTHON_GIL:
+            # The others took turns in the pool's buffers (the one kept aside).
+            assert len(ids) <= 3 and id(view.obj) not in ids
+
+
+@run_async()
+async def test_a_message_in_several_frames_reaches_the_receiver_whole_and_bad_utf8_fails_the_connection() -> None:
+    written: list[bytes] = []
+    ws = open_connection(written)
+    got: list[str | bytes | bytearray] = []
+    ws.process_event(Frame(Opcode.TEXT, '{"op":"pong","x":"é'.encode()[:-1], fin=False))  # é split
+    ws.attach(got.append)
+    ws.process_event(Frame(Opcode.CONT, b"\xa9", fin=False))
+    ws.process_event(Frame(Opcode.CONT, b'"}'))
+    ws.process_event(Frame(Opcode.BINARY, b"\x00\x01"))
+    assert got == ['{"op":"pong","x":"é"}', b"\x00\x01"]
+    ws.process_event(Frame(Opcode.TEXT, b"\xff"))
+    assert len(got) == 2 and ws.protocol.state is State.CLOSING
+    assert ws.protocol.close_sent is not None and ws.protocol.close_sent.code == CloseCode.INVALID_DATA
+    assert written and written[0][0] == 0x88  # the close frame went out
+
+
+@run_async()
+async def test_what_the_connection_writes_is_masked_frames_of_the_messages() -> None:
+    written: list[bytes] = []
+    ws = open_connection(written)
+    big = os.urandom(3 * FRAGMENT + 5)
+    assert ws.write_now(b'{"op":"ping"}', text=True)
+    assert ws.write_now(bytes(200), text=False)
+    await ws.send_message(os.urandom(70_000), text=False)
+    await ws.send_fragments(b"head", memoryview(big))
+    await ws.send_fragments(b"alone", memoryview(b""))
+    reader = StreamReader()
+    reader.feed_data(b"".join(written))
+    reader.feed_eof()
+    frames = []
+    while reader.buffer:
+        parse = Frame.parse(reader.read_exact, mask=True)
+        with pytest.raises(StopIteration) as done:
+            next(parse)
+        frames.append(done.value.value)
+    assert [(f.opcode, f.fin, len(f.data)) for f in frames] == [
+        (Opcode.TEXT, True, 13),
+        (Opcode.BINARY, True, 200),
+        (Opcode.BINARY, True, 70_000),
+        (Opcode.BINARY, False, 4),
+        (Opcode.CONT, False, FRAGMENT),
+        (Opcode.CONT, False, FRAGMENT),
+        (Opcode.CONT, False, FRAGMENT),
+        (Opcode.CONT, True, 5),
+        (Opcode.BINARY, False, 5),
+        (Opcode.CONT, True, 0),
+    ]
+    assert frames[0].data == b'{"op":"ping"}' and b"".join(f.data for f in frames[4:8]) == big
+    # Every frame has a masking key of its own.
+    keys = {bytes(w[-4:]) for w in written if len(w) <= 14}
+    assert len(keys) >= 6
+
+
+def open_connection(written: list[bytes]) -> Connection:
+    """A connection as after the handshake, writing into `written`."""
+    ws = Connection(ClientProtocol(parse_uri("ws://127.0.0.1/ws")))
+    ws.connection_made(Transport(written))
+    ws.protocol.state = State.OPEN
+    ws.response = Response(101, "Switching Protocols", Headers())
+    return ws
+
+
+class Transport(asyncio.Transport):
+    """Keeps what is written."""
+
+    def __init__(self, written: list[bytes]) -> None:
+        super().__init__()
+        self.written = written
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
