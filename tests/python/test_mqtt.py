@@ -48,15 +48,33 @@ def herald():
 
 
 class Client:
-    """A Paho client whose received messages land in a queue."""
+    """A Paho client whose received messages land in a queue. `session`: seconds its session
+    outlives the connection (5.0 session expiry; 3.1.1: clean session 0), none by default;
+    `will`: Paho's `will_set` arguments, with 5.0 `will_properties` and `will_delay`."""
 
-    def __init__(self, server: Herald, version: str = "5.0", transport: str = "tcp", will=None):
+    def __init__(
+        self,
+        server: Herald,
+        version: str = "5.0",
+        transport: str = "tcp",
+        will=None,
+        client_id: str | None = None,
+        session: int = 0,
+        clean: bool = True,
+        will_delay: int = 0,
+        will_properties: Properties | None = None,
+        receive_maximum: int | None = None,
+        manual_ack: bool = False,
+    ):
         self.version = VERSIONS[version]
+        v5 = self.version == mqtt.MQTTv5
         self.c = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
-            client_id=f"t-{uuid.uuid4().hex[:8]}",
+            client_id=client_id or f"t-{uuid.uuid4().hex[:8]}",
             protocol=self.version,
             transport=transport,
+            manual_ack=manual_ack,
+            **({} if v5 else {"clean_session": clean and not session}),
         )
         if transport == "websockets":
             self.c.ws_set_options(path="/mqtt")
@@ -64,20 +82,32 @@ class Client:
         else:
             port = server.mqtt_port
         if will:
-            self.c.will_set(*will)
+            props = will_properties
+            if will_delay:
+                props = props or Properties(PacketTypes.WILLMESSAGE)
+                props.WillDelayInterval = will_delay
+            self.c.will_set(*will, properties=props)
         self.messages: queue.Queue = queue.Queue()
         self.subacks: queue.Queue = queue.Queue()
         self.connacks: queue.Queue = queue.Queue()
         self.disconnects: queue.Queue = queue.Queue()
         self.c.on_message = lambda c, u, m: self.messages.put(m)
         self.c.on_subscribe = lambda c, u, mid, codes, props: self.subacks.put(codes)
-        self.c.on_connect = lambda c, u, flags, reason, props: self.connacks.put((reason, props))
+        self.c.on_connect = lambda c, u, flags, reason, props: self.connacks.put((reason, flags, props))
         self.c.on_disconnect = lambda c, u, flags, reason, props: self.disconnects.put(reason)
-        kwargs = {"clean_start": True} if self.version == mqtt.MQTTv5 else {}
+        kwargs = {}
+        if v5:
+            props = Properties(PacketTypes.CONNECT)
+            if session:
+                props.SessionExpiryInterval = session
+            if receive_maximum:
+                props.ReceiveMaximum = receive_maximum
+            kwargs = {"clean_start": clean, "properties": props}
         self.c.connect("127.0.0.1", port, keepalive=30, **kwargs)
         self.c.loop_start()
-        reason, self.connack = self.connacks.get(timeout=STEP)
+        reason, flags, self.connack = self.connacks.get(timeout=STEP)
         assert not reason.is_failure, reason
+        self.session_present = flags.session_present
 
     def subscribe(self, topic: str, qos: int = 0, sid: int | None = None, **options):
         if self.version == mqtt.MQTTv5:
@@ -109,9 +139,14 @@ class Client:
         with pytest.raises(queue.Empty):
             self.messages.get(timeout=wait)
 
-    def close(self):
-        self.c.disconnect()
+    def close(self, **disconnect):
+        self.c.disconnect(**disconnect)
         self.c.loop_stop()
+
+    def drop(self):
+        """Ends the connection without DISCONNECT."""
+        self.c.loop_stop()
+        self.c.socket().close()
 
 
 def granted(codes) -> list[int]:
@@ -490,3 +525,307 @@ def test_mosquitto_clients(herald, version):
     out, err = sub.communicate(timeout=STEP)
     assert sub.returncode == 0, err
     assert out.decode().splitlines() == [f"{topic}/t m{i}" for i in range(3)]
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions (docs/mqtt.md, "Sessions")
+# --------------------------------------------------------------------------------------------
+
+
+def away(version: str) -> dict:
+    """The options of a client whose session outlives its connection, in its version."""
+    return {"session": 60, "clean": False}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_session_keeps_its_subscriptions_and_messages_while_the_client_is_away(herald, version):
+    topic = f"away/{version}"
+    cid = f"keep-{uuid.uuid4().hex[:8]}"
+    sub = Client(herald, version, client_id=cid, **away(version))
+    assert not sub.session_present
+    assert granted(sub.subscribe(f"{topic}/#", qos=1)) == [1]
+    sub.close()
+    pub = Client(herald, "5.0")
+    for i in range(3):
+        pub.publish(f"{topic}/a", f"m{i}".encode(), qos=1)
+    back = Client(herald, version, client_id=cid, **away(version))
+    assert back.session_present
+    got = [back.message() for _ in range(3)]
+    assert [(m.topic, m.payload, m.qos) for m in got] == [(f"{topic}/a", f"m{i}".encode(), 1) for i in range(3)]
+    # Subscribed still, with no new SUBSCRIBE.
+    pub.publish(f"{topic}/b", b"live", qos=0)
+    assert back.message().payload == b"live"
+    back.nothing()
+    # A clean start discards the session.
+    back.close()
+    fresh = Client(herald, version, client_id=cid)
+    assert not fresh.session_present
+    pub.publish(f"{topic}/a", b"gone")
+    fresh.nothing()
+    for c in (fresh, pub):
+        c.close()
+
+
+def metric(server: Herald, name: str) -> float:
+    import requests
+
+    text = requests.get(f"{server.http}/metrics", timeout=STEP).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_a_session_expires_by_its_timer_and_disconnect_may_extend_it(herald):
+    cid = f"exp-{uuid.uuid4().hex[:8]}"
+    before = metric(herald, "herald_subscriptions")
+    c = Client(herald, "5.0", client_id=cid, session=1, clean=False)
+    c.subscribe("exp/t", qos=1)
+    c.close()
+    time.sleep(0.2)
+    assert metric(herald, "herald_subscriptions") == before + 1, "kept while the client is away"
+    deadline = time.monotonic() + STEP
+    while metric(herald, "herald_subscriptions") != before:
+        assert time.monotonic() < deadline, "the session's subscription outlived its expiry"
+        time.sleep(0.1)
+    late = Client(herald, "5.0", client_id=cid, session=1, clean=False)
+    assert not late.session_present
+    # DISCONNECT's session expiry replaces the CONNECT's.
+    late.subscribe("exp/t", qos=1)
+    props = Properties(PacketTypes.DISCONNECT)
+    props.SessionExpiryInterval = 30
+    late.close(properties=props)
+    time.sleep(1.5)
+    again = Client(herald, "5.0", client_id=cid, session=1, clean=False)
+    assert again.session_present
+    again.close()
+
+
+def test_a_session_expiry_past_the_maximum_is_cut_to_it(herald):
+    c = Client(herald, "5.0", session=0xFFFFFFFF)
+    assert c.connack.SessionExpiryInterval == 86400
+    c.close()
+
+
+def test_a_second_connection_with_the_same_identifier_takes_the_session_over(herald):
+    cid = f"dup-{uuid.uuid4().hex[:8]}"
+    first = Client(herald, "5.0", client_id=cid, session=60)
+    first.subscribe("over/#", qos=1)
+    second = Client(herald, "5.0", client_id=cid, session=60, clean=False)
+    assert second.session_present
+    assert first.disconnects.get(timeout=STEP).value == 0x8E
+    first.c.loop_stop()  # Paho would connect again, and take the session back
+    pub = Client(herald, "3.1.1")
+    pub.publish("over/x", b"to-the-second", qos=1)
+    assert second.message().payload == b"to-the-second"
+    first.nothing()
+    for c in (second, pub):
+        c.close()
+
+
+def test_client_identifier_rules(herald):
+    # 3.1.1: an empty identifier only with a clean session (else CONNACK 0x02).
+    s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+    body = b"\x00\x04MQTT\x04\x00\x00\x1e\x00\x00"
+    s.sendall(bytes([0x10, len(body)]) + body)
+    assert s.recv(4) == b"\x20\x02\x00\x02"
+    assert closed(s)
+    s.close()
+    # 5.0: herald assigns one.
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="", protocol=mqtt.MQTTv5)
+    props: queue.Queue = queue.Queue()
+    c.on_connect = lambda c, u, flags, reason, p: props.put(p)
+    c.connect("127.0.0.1", herald.mqtt_port, clean_start=True)
+    c.loop_start()
+    assigned = props.get(timeout=STEP).AssignedClientIdentifier
+    assert assigned.startswith("herald-")
+    c.disconnect()
+    c.loop_stop()
+
+
+def mqtt_packets(s: socket.socket, n: int) -> list[tuple[int, bytes]]:
+    """The next `n` packets the server sends on `s`: first byte, and what follows the length."""
+
+    def exactly(k: int) -> bytes:
+        data = b""
+        while len(data) < k:
+            chunk = s.recv(k - len(data))
+            assert chunk, "the connection ended"
+            data += chunk
+        return data
+
+    packets = []
+    for _ in range(n):
+        first, length, shift = exactly(1)[0], 0, 0
+        while True:
+            byte = exactly(1)[0]
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        packets.append((first, exactly(length)))
+    return packets
+
+
+def test_unacknowledged_messages_are_sent_again_with_dup_in_order(herald):
+    def connect(cid: bytes) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+        body = b"\x00\x04MQTT\x04\x00\x00\x1e" + len(cid).to_bytes(2, "big") + cid
+        s.sendall(bytes([0x10, len(body)]) + body)
+        return s
+
+    cid = f"dup-{uuid.uuid4().hex[:8]}".encode()
+    s = connect(cid)
+    assert mqtt_packets(s, 1) == [(0x20, b"\x00\x00")]
+    s.sendall(b"\x82\x08\x00\x01\x00\x03d/t\x01")
+    assert mqtt_packets(s, 1) == [(0x90, b"\x00\x01\x01")]
+    pub = Client(herald, "3.1.1")
+    for p in (b"x", b"y"):
+        pub.publish("d/t", p, qos=1)
+    first = mqtt_packets(s, 2)
+    assert [f for f, _ in first] == [0x32, 0x32]
+    s.close()  # without acknowledging
+    s = connect(cid)
+    assert mqtt_packets(s, 1) == [(0x20, b"\x01\x00")], "session present"
+    again = mqtt_packets(s, 2)
+    assert again == [(0x3A, body) for _, body in first], "the same packets, DUP set, in order"
+    s.close()
+    pub.close()
+
+
+def test_will_delay_and_disconnect_with_will(herald):
+    sub = Client(herald, "5.0")
+    sub.subscribe("wd/#", qos=1)
+    # Published once the delay passes, not before.
+    dying = Client(herald, "5.0", will=("wd/late", b"late", 1, False), will_delay=1, session=10)
+    dying.drop()
+    sub.nothing(0.6)
+    assert sub.message().topic == "wd/late"
+    # Not published at all when the client comes back within the delay.
+    cid = f"wd-{uuid.uuid4().hex[:8]}"
+    back = Client(herald, "5.0", client_id=cid, will=("wd/back", b"x", 1, False), will_delay=2, session=10)
+    back.drop()
+    time.sleep(0.3)
+    returned = Client(herald, "5.0", client_id=cid, session=10, clean=False)
+    assert returned.session_present
+    sub.nothing(2.2)
+    returned.close()
+    # DISCONNECT 0x04 asks for the will.
+    asked = Client(herald, "5.0", will=("wd/asked", b"asked", 1, False))
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    asked.close(reasoncode=ReasonCode(PacketTypes.DISCONNECT, "Disconnect with will message"))
+    assert sub.message().topic == "wd/asked"
+    sub.close()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_messages_lost_while_away_are_announced_on_the_next_one(herald, version):
+    topic = f"gap/{version}"
+    cid = f"gap-{uuid.uuid4().hex[:8]}"
+    sub = Client(herald, version, client_id=cid, **away(version))
+    sub.subscribe(topic, qos=1)
+    sub.close()
+    pub = Client(herald, "5.0")
+    for i in range(1003):
+        pub.c.publish(topic, str(i).encode(), qos=0)
+    pub.publish(topic, b"1003", qos=1)  # after the others, acknowledged once all are in
+    back = Client(herald, version, client_id=cid, **away(version))
+    got = [back.message() for _ in range(1000)]
+    # The session keeps the newest 1,000 (mqtt_session_queue_messages).
+    assert [int(m.payload) for m in got] == list(range(4, 1004))
+    if version == "5.0":
+        assert got[0].properties.UserProperty == [("herald-gap", "4")]
+        assert not hasattr(got[1].properties, "UserProperty")
+    back.nothing()
+    for c in (back, pub):
+        c.close()
+
+
+def test_the_receive_maximum_bounds_the_connection_not_each_subscription(herald):
+    sub = Client(herald, "5.0", receive_maximum=2, manual_ack=True)
+    for t in ("rm/1", "rm/2"):
+        assert granted(sub.subscribe(t, qos=1)) == [1]
+    pub = Client(herald, "5.0")
+    for t, p in (("rm/1", b"a"), ("rm/2", b"b"), ("rm/1", b"c"), ("rm/2", b"d")):
+        pub.publish(t, p, qos=1)  # accepted: herald keeps what the client has no room for
+    first, second = sub.message(), sub.message()
+    assert (first.payload, second.payload) == (b"a", b"b")
+    sub.nothing()
+    sub.c.ack(first.mid, first.qos)
+    assert sub.message().payload == b"c"
+    sub.nothing()
+    sub.c.ack(second.mid, second.qos)
+    assert sub.message().payload == b"d"
+    for c in (sub, pub):
+        c.close()
+
+
+def test_more_qos2_messages_awaiting_release_than_the_receive_maximum_disconnect(herald):
+    s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+    body = b"\x00\x04MQTT\x05\x02\x00\x1e\x00\x00\x02rm"
+    s.sendall(bytes([0x10, len(body)]) + body)
+    connack = s.recv(64)
+    assert connack[:4] == b"\x20" + bytes([connack[1]]) + b"\x00\x00"
+    assert b"\x21\x04\x00" in connack, "receive maximum 1024 announced"
+    # QoS 2 PUBLISH packets whose PUBREL never comes: the 1,025th is one too many.
+    publish = [bytes([0x34, 7, 0, 2]) + b"q2" + i.to_bytes(2, "big") + b"\x00" for i in range(1, 1026)]
+    s.sendall(b"".join(publish[:1024]))
+    assert [first for first, _ in mqtt_packets(s, 1024)] == [0x50] * 1024, "a PUBREC each"
+    s.sendall(publish[1024])
+    [(first, body)] = mqtt_packets(s, 1)
+    assert (first, body[0]) == (0xE0, 0x93), "DISCONNECT, receive maximum exceeded"
+    assert closed(s)
+    s.close()
+
+
+def test_a_delayed_will_keeps_its_properties_and_retain(herald):
+    sub = Client(herald, "5.0")
+    sub.subscribe("wp/#", qos=1, retainAsPublished=True)
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.UserProperty = [("why", "gone")]
+    props.ContentType = "text/plain"
+    props.MessageExpiryInterval = 30
+    will = ("wp/t", b"bye", 1, True)
+    dying = Client(herald, "5.0", will=will, will_properties=props, will_delay=2, session=10)
+    dying.drop()
+    sub.nothing(1.5)
+    m = sub.message()
+    assert (m.topic, m.payload, m.retain) == ("wp/t", b"bye", True)
+    assert (m.properties.UserProperty, m.properties.ContentType) == ([("why", "gone")], "text/plain")
+    assert m.properties.MessageExpiryInterval in (29, 30), "counted from when it is published"
+    late = Client(herald, "5.0")
+    late.subscribe("wp/#", qos=1)
+    kept = late.message()
+    assert (kept.payload, kept.retain, kept.properties.UserProperty) == (b"bye", True, [("why", "gone")])
+    late.publish("wp/t", b"", qos=1, retain=True)  # clears the retained will
+    for c in (sub, late):
+        c.close()
+
+
+def test_a_kept_session_leaves_its_shared_subscription_while_away(herald):
+    cid = f"ks-{uuid.uuid4().hex[:8]}"
+    member = Client(herald, "5.0", client_id=cid, session=60)
+    assert granted(member.subscribe("$share/ks/ks/#", qos=1)) == [1]
+    other = Client(herald, "3.1.1")
+    assert granted(other.subscribe("$share/ks/ks/#", qos=1)) == [1]
+    member.close()
+    pub = Client(herald, "5.0")
+    first = [f"a{i}".encode() for i in range(4)]
+    for p in first:
+        pub.publish("ks/t", p, qos=1)
+    assert [other.message().payload for _ in first] == first, "all to the member still there"
+    back = Client(herald, "5.0", client_id=cid, session=60, clean=False)
+    assert back.session_present
+    back.nothing()  # nothing was kept for it while away
+    then = [f"b{i}".encode() for i in range(4)]
+    for p in then:
+        pub.publish("ks/t", p, qos=1)
+    mine = [back.message() for _ in range(2)]
+    theirs = [other.message().payload for _ in range(2)]
+    assert all(m.qos == 1 for m in mine), "its QoS 1 shared subscription, with no SUBSCRIBE"
+    assert sorted([m.payload for m in mine] + theirs) == then, "in the group again: turns"
+    back.nothing(0.1)
+    other.nothing(0.1)
+    for c in (back, other, pub):
+        c.close()

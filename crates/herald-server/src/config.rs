@@ -22,6 +22,13 @@ pub struct Config {
     /// absent: none (MQTT over WebSocket is always served at `/mqtt`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mqtt_listen: Option<SocketAddr>,
+    /// The longest an MQTT session outlives its connection (seconds): a client asking for more
+    /// (5.0 session expiry, or a 3.1.1 persistent session) gets this; 4294967295: no maximum.
+    pub mqtt_session_expiry_max_secs: u32,
+    /// Most messages an MQTT session keeps for its client while it is away (the newest).
+    pub mqtt_session_queue_messages: usize,
+    /// Most bytes of messages an MQTT session keeps for its client while it is away.
+    pub mqtt_session_queue_bytes: usize,
     /// Largest message payload accepted, over WebSocket or HTTP (bytes).
     pub max_message_bytes: usize,
     /// Most bytes queued for one connection before it is disconnected as a slow consumer.
@@ -89,6 +96,9 @@ impl Default for Config {
         Config {
             listen: ([127, 0, 0, 1], 8080).into(),
             mqtt_listen: None,
+            mqtt_session_expiry_max_secs: 86_400,
+            mqtt_session_queue_messages: 1_000,
+            mqtt_session_queue_bytes: 16 << 20,
             max_message_bytes: engine.max_message_bytes,
             max_outbound_bytes: 16 << 20,
             max_recovery_bytes: 256 << 20,
@@ -119,6 +129,9 @@ impl Default for Config {
 const ENV_KEYS: &[&str] = &[
     "listen",
     "mqtt_listen",
+    "mqtt_session_expiry_max_secs",
+    "mqtt_session_queue_messages",
+    "mqtt_session_queue_bytes",
     "max_message_bytes",
     "max_outbound_bytes",
     "max_recovery_bytes",
@@ -383,12 +396,14 @@ mod tests {
             jail.set_env("HERALD_MAX_CONNECTIONS", "6");
             jail.set_env("HERALD_URL", "ws://ignored");
             jail.set_env("HERALD_MQTT_LISTEN", "127.0.0.1:1883");
+            jail.set_env("HERALD_MQTT_SESSION_EXPIRY_MAX_SECS", "60");
             jail.set_env("HERALD_WORKERS", "3");
             let flags = serde_json::json!({ "listen": "127.0.0.1:9001" });
             let c = Config::load(Some(Path::new("herald.toml")), flags).unwrap();
             assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
             assert_eq!(c.mqtt_listen, Some("127.0.0.1:1883".parse().unwrap()));
             assert_eq!(Config::default().mqtt_listen, None);
+            assert_eq!(c.mqtt_session_expiry_max_secs, 60);
             assert_eq!(c.max_connections, 6);
             assert_eq!((c.workers, Config::default().workers), (3, 0));
             assert_eq!(c.max_outbound_bytes, 1000);

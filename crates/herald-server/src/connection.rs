@@ -202,6 +202,17 @@ impl Connection {
         }
     }
 
+    /// Takes everything queued, encoded by `codec` rather than the connection's own: for a
+    /// connection no writer drains (a parked MQTT session's, whose codec collects).
+    pub fn drain_with<E: Encode + ?Sized>(&self, codec: &E) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        self.out
+            .lock()
+            .queue
+            .drain_into(&mut frames, codec, now_us());
+        frames
+    }
+
     /// A connection of `codec`'s protocol over a transport that closes as `framing` says;
     /// given `socket` (plain TCP), queueing tasks may write to it directly, else the writer
     /// task does all the writing.

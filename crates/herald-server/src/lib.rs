@@ -148,7 +148,7 @@ impl Server {
         let mqtt = self.mqtt.map(|tcp| {
             tracing::info!(mqtt_listen = %tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(), "herald serving MQTT");
             let mut stopped = stopped.clone();
-            let mqtt = |node: &Node| {
+            let mqtt = |node: &Arc<Node>| {
                 protocol::mqtt::session::Mqtt::new(node, connection::Framing::Stream)
             };
             tokio::spawn(listener::serve_stream(tcp, node.clone(), mqtt, async move {
@@ -159,7 +159,7 @@ impl Server {
             let addr = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
             tracing::info!(stomp_listen = %addr, "herald serving STOMP");
             let mut stopped = stopped.clone();
-            let stomp = |node: &Node| {
+            let stomp = |node: &Arc<Node>| {
                 let settings = protocol::stomp::session::Settings::of(&node.config);
                 protocol::stomp::session::StompSession::new(settings, connection::Framing::Stream)
             };

@@ -179,7 +179,7 @@ pub async fn serve_stream<P, F>(
     shutdown: impl Future<Output = ()>,
 ) where
     P: Protocol,
-    F: Fn(&Node) -> P,
+    F: Fn(&Arc<Node>) -> P,
 {
     tokio::pin!(shutdown);
     loop {
@@ -357,7 +357,7 @@ mod tests {
         tokio::spawn(serve_stream(
             listener,
             node.clone(),
-            move |_: &Node| Bytewise(counter.clone()),
+            move |_: &Arc<Node>| Bytewise(counter.clone()),
             std::future::pending(),
         ));
         (node, addr, encodes)

@@ -91,6 +91,8 @@ pub enum Disconnect {
     Shed,
     /// Its partly received message would exceed `limits.max_partial_bytes` (1013).
     Busy,
+    /// Another connection took its MQTT session over (the same client identifier).
+    TakenOver,
 }
 
 impl Disconnect {
@@ -109,6 +111,7 @@ impl Disconnect {
             Disconnect::Idle => "idle",
             Disconnect::Shed => "shed",
             Disconnect::Busy => "server_busy",
+            Disconnect::TakenOver => "taken_over",
         }
     }
 }

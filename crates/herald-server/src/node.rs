@@ -10,6 +10,7 @@ use crate::flush::Pending;
 use crate::limits::{IpLimits, Sockets};
 use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::protocol::mqtt::retained::RetainedStore;
+use crate::protocol::mqtt::sessions::{SessionLimits, SessionStore};
 use crate::tls::Tls;
 use herald_core::engine::{ConnId, Engine, Origin, Published};
 use herald_core::request::{ProtocolError, Publish, Request};
@@ -51,6 +52,8 @@ pub struct Node {
     origins: Mutex<HashMap<Box<str>, Origin>>,
     /// MQTT's retained messages (see [`RetainedStore`] for why they are kept apart).
     pub mqtt_retained: Arc<RetainedStore>,
+    /// MQTT's sessions, by client identifier.
+    pub mqtt_sessions: SessionStore,
 }
 
 /// The sweep ([`Node::sweep`]) goes through every topic once per cycle, a slice of at most
@@ -104,6 +107,7 @@ impl Node {
             holds: Mutex::default(),
             origins: Mutex::default(),
             mqtt_retained: Arc::new(RetainedStore::new(config.max_topics)),
+            mqtt_sessions: SessionStore::new(SessionLimits::of(&config)),
             config,
         }))
     }
@@ -126,6 +130,18 @@ impl Node {
         p: &Publish,
         origin: Origin,
     ) -> Result<Published, ProtocolError> {
+        let result = self.publish(p, origin).await;
+        if result.is_ok() {
+            self.metrics.messages_in_http.inc();
+            self.metrics.bytes_in_http.inc_by(p.payload.len() as u64);
+        }
+        result
+    }
+
+    /// Publishes on behalf of no connection (HTTP, an MQTT will whose connection is gone),
+    /// charged to `origin`: waits while a `lossless` subscriber is out of credit, hands the
+    /// message to the broker, and accounts for it.
+    pub async fn publish(&self, p: &Publish, origin: Origin) -> Result<Published, ProtocolError> {
         let mut pending = Pending::default();
         let result = self
             .when_admitted(
@@ -144,11 +160,7 @@ impl Node {
             .await;
         pending.flush();
         match &result {
-            Ok(published) => {
-                self.metrics.messages_in_http.inc();
-                self.metrics.bytes_in_http.inc_by(p.payload.len() as u64);
-                self.published(published);
-            }
+            Ok(published) => self.published(published),
             Err(e) => self.count_error(e.code),
         }
         result

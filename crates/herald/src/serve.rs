@@ -34,6 +34,20 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     mqtt_listen: Option<SocketAddr>,
+    /// Longest an MQTT session outlives its connection, in seconds; 4294967295: no maximum
+    /// [default: 86400]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mqtt_session_expiry_max_secs: Option<u32>,
+    /// Most messages an MQTT session keeps while its client is away [default: 1000]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mqtt_session_queue_messages: Option<usize>,
+    /// Most bytes of messages an MQTT session keeps while its client is away
+    /// [default: 16777216]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mqtt_session_queue_bytes: Option<usize>,
     /// Largest message payload accepted, in bytes [default: 67108864]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

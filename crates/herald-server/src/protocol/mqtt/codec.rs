@@ -14,7 +14,21 @@
 //!
 //! Replies are matched to their MQTT packets by request id ([`Tag`]), a number that names the
 //! packet to answer and its packet identifier.
+//!
+//! A message for a shared subscription comes for the group it is named after
+//! ([`Encode::grouped`]) and goes out for that subscription alone; a connection whose
+//! subscriptions are all plain ([`Subs`]) sends every message the same shared packet without
+//! looking at them.
+//!
+//! QoS 1 messages go through the session's [`Flow`]: at most the client's Receive Maximum in
+//! flight on the connection, the rest waiting in order for acknowledgements. A message the
+//! engine charged to a `lossless` subscription or group membership but that the connection
+//! does not send (a `$` topic under a leading wildcard, expired, too large for the client,
+//! already delivered, no longer subscribed to) gives its credit back at once, through the hook
+//! the session sets ([`Encoder::on_unspent_credit`]), so that no publisher waits for an
+//! acknowledgement that cannot come.
 
+use super::delivery::{CreditTo, Flow, Gaps, Held, Lost, Seen, GAP_PROPERTY};
 use super::encode::{self, AckKind, Delivery, Prepared, ProblemInfo};
 use super::extras;
 use super::packet::MessageProperties;
@@ -30,12 +44,13 @@ use herald_core::extras::Extras;
 use herald_core::group::Group;
 use herald_core::message::Message;
 use herald_core::reply::{DropReason, Reply};
-use herald_core::request::{PayloadKind, Request, RequestId};
+use herald_core::request::{PayloadKind, RequestId};
 use herald_core::topic::matches;
 use herald_core::wire::{ws_header, OpCode};
 use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
 
 /// The message cache slot MQTT's QoS 0 PUBLISH takes (herald's JSON has slot 0).
 pub const SLOT: usize = 1;
@@ -131,6 +146,9 @@ pub struct Sub {
     pub retain_as_published: bool,
     /// 5.0: the subscription identifier its PUBLISH packets carry.
     pub id: Option<u32>,
+    /// 5.0: the connection's own messages do not come back through it (the engine's
+    /// `no_local`; kept so that a resumed session subscribes as its SUBSCRIBE did).
+    pub no_local: bool,
 }
 
 impl Sub {
@@ -175,35 +193,15 @@ impl Subs {
         self.list.iter()
     }
 
+    /// Keeps only the subscriptions `keep` says yes to.
+    pub fn retain(&mut self, keep: impl FnMut(&Sub) -> bool) {
+        self.list.retain(keep);
+        self.special = self.list.iter().filter(|sub| !sub.is_plain()).count();
+    }
+
     /// Whether every subscription is plain (none at all included).
     fn plain(&self) -> bool {
         self.special == 0
-    }
-}
-
-/// Where the credit a QoS 1 message spent goes back when it is acknowledged (or was not sent).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CreditTo {
-    /// The connection's own subscription to this herald pattern.
-    Pattern(Arc<str>),
-    /// Its membership of this group.
-    Group(Arc<Group>),
-}
-
-impl CreditTo {
-    /// The herald request that returns one message of credit.
-    pub fn request(&self) -> Request {
-        let (topic, group) = match self {
-            CreditTo::Pattern(pattern) => (pattern.to_string(), None),
-            CreditTo::Group(g) => (g.pattern.to_string(), Some(g.name.to_string())),
-        };
-        Request::Credit {
-            id: None,
-            topic,
-            group,
-            n: 1,
-            bytes: 0,
-        }
     }
 }
 
@@ -215,6 +213,32 @@ struct Route {
     retain_as_published: bool,
     /// 5.0: the subscription identifiers of those subscriptions.
     ids: Vec<u32>,
+}
+
+/// Why a QoS 1 message owed to the client is not sent after all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unsent {
+    /// No subscription of the session sends it any more, or its expiry interval passed: the
+    /// client is owed nothing.
+    Withdrawn,
+    /// Larger than the client accepts (§3.1.2.11.4): a loss its topic's next message
+    /// announces.
+    Undeliverable,
+}
+
+/// The time a message's remaining expiry interval is counted at (0: it has none), or
+/// [`Unsent::Withdrawn`] once the interval has passed (§3.3.2.3.3: it is not sent).
+fn clock(extras: Option<&Extras>) -> Result<u64, Unsent> {
+    match extras.and_then(|e| e.expires_us) {
+        Some(at) => {
+            let now = now_us();
+            if now >= at {
+                return Err(Unsent::Withdrawn);
+            }
+            Ok(now)
+        }
+        None => Ok(0),
+    }
 }
 
 /// A SUBACK or UNSUBACK waiting for the replies to its herald requests.
@@ -236,14 +260,16 @@ pub struct Outbound {
     /// Whether 5.0 reason strings may go with errors.
     pub problem_info: bool,
     pub subs: Subs,
-    next_packet_id: u16,
-    /// QoS 1 PUBLISH packets sent and not yet acknowledged: where the credit the
-    /// acknowledgement returns goes (nowhere for a retained message sent on subscribe).
-    in_flight: HashMap<u16, Option<CreditTo>>,
-    /// Credit spent on messages the connection was not sent after all (expired, too large
-    /// for it, a `$` topic its filter does not match in MQTT's terms): returned with the next
-    /// packet the client sends ([`Outbound::take_owed`]).
-    owed: Vec<CreditTo>,
+    /// QoS 1 messages in flight and waiting for room under the client's receive maximum.
+    pub flow: Flow,
+    /// Losses to announce on the next message of their topic (5.0).
+    pub gaps: Gaps,
+    /// For a session that may outlive its connection: what it has delivered.
+    pub seen: Option<Seen>,
+    /// Messages queued ahead of any live one that spent no `lossless` credit (handed over
+    /// when a session resumes): the next this many messages encoded for the connection's own
+    /// subscriptions return none.
+    pub uncredited: usize,
     subacks: HashMap<u16, PendingAck>,
     unsubacks: HashMap<u16, PendingAck>,
     /// Retained messages published and not yet accepted by herald, by key.
@@ -251,7 +277,19 @@ pub struct Outbound {
     next_retain_key: u16,
     /// QoS 2 PUBLISH packets received whose PUBREL has not come (§4.3.3): a PUBLISH with one
     /// of these identifiers is a duplicate, not published again.
-    pub awaiting_release: std::collections::HashSet<u16>,
+    pub awaiting_release: HashSet<u16>,
+}
+
+/// What a session keeps from one connection to the next (§4.1): its subscriptions, the QoS 1
+/// messages it owes the client, the QoS 2 messages it received and awaits the release of, and
+/// what it has delivered.
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub subs: Subs,
+    pub flow: Flow,
+    pub gaps: Gaps,
+    pub seen: Seen,
+    pub awaiting_release: HashSet<u16>,
 }
 
 impl Default for Outbound {
@@ -261,9 +299,10 @@ impl Default for Outbound {
             maximum_packet_size: u32::MAX,
             problem_info: true,
             subs: Subs::default(),
-            next_packet_id: 0,
-            in_flight: HashMap::new(),
-            owed: Vec::new(),
+            flow: Flow::default(),
+            gaps: Gaps::default(),
+            seen: None,
+            uncredited: 0,
             subacks: HashMap::new(),
             unsubacks: HashMap::new(),
             retaining: HashMap::new(),
@@ -274,35 +313,30 @@ impl Default for Outbound {
 }
 
 impl Outbound {
-    /// A packet identifier not in use by an unacknowledged QoS 1 PUBLISH, recorded as in use.
-    /// `None` when all 65,535 are (the client acknowledges nothing).
-    fn packet_id(&mut self, credit: Option<CreditTo>) -> Option<u16> {
-        for _ in 0..u16::MAX {
-            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
-            let id = self.next_packet_id;
-            if let std::collections::hash_map::Entry::Vacant(e) = self.in_flight.entry(id) {
-                e.insert(credit);
-                return Some(id);
-            }
+    /// The session state this connection holds, taken (its connection is ending, or another
+    /// connection takes the session over): what is left encodes nothing more.
+    pub fn take_session(&mut self) -> Kept {
+        Kept {
+            subs: std::mem::take(&mut self.subs),
+            flow: std::mem::take(&mut self.flow),
+            gaps: std::mem::take(&mut self.gaps),
+            seen: self.seen.take().unwrap_or_default(),
+            awaiting_release: std::mem::take(&mut self.awaiting_release),
         }
-        self.owe(credit);
-        None
     }
 
-    /// The client acknowledged QoS 1 PUBLISH `packet_id`: where to return a message of
-    /// credit, if anywhere.
-    pub fn acknowledged(&mut self, packet_id: u16) -> Option<CreditTo> {
-        self.in_flight.remove(&packet_id).flatten()
-    }
-
-    /// Notes credit spent on a message not sent after all.
-    fn owe(&mut self, credit: Option<CreditTo>) {
-        self.owed.extend(credit);
-    }
-
-    /// The credit [`Outbound::owe`] noted, to return now.
-    pub fn take_owed(&mut self) -> Vec<CreditTo> {
-        std::mem::take(&mut self.owed)
+    /// Takes up a session kept from an earlier connection, keeping this connection's receive
+    /// maximum and whether its session may outlive it; nothing it owes has spent credit of
+    /// this connection's subscriptions.
+    pub fn resume(&mut self, kept: Kept, receive_maximum: u16) {
+        let persistent = self.seen.is_some();
+        self.subs = kept.subs;
+        self.flow = kept.flow;
+        self.flow.set_receive_maximum(receive_maximum);
+        self.flow.forget_credit();
+        self.gaps.merge(kept.gaps);
+        self.seen = persistent.then_some(kept.seen);
+        self.awaiting_release = kept.awaiting_release;
     }
 
     /// Keeps a retained message until herald accepts its publish; the key for its [`Tag`].
@@ -339,23 +373,28 @@ impl Outbound {
         self.unsubacks.insert(packet_id, pending);
     }
 
-    /// How a message of herald topic `topic`, MQTT name `name`, goes to the connection for its
-    /// own (not shared) subscriptions: at the highest QoS granted among those `name` matches,
-    /// with all their identifiers (`None`: none matches in MQTT's terms, as for a `$` topic
-    /// under a leading wildcard); and the credit the engine spent on it: the first `lossless`
-    /// subscription whose herald pattern matches, as the engine chooses.
-    fn route(&self, name: &str, topic: &str) -> (Option<Route>, Option<CreditTo>) {
+    /// How a message of MQTT name `name` (`None`: one MQTT cannot name) goes to the connection
+    /// for its own (not shared) subscriptions: at the highest QoS granted among those `name`
+    /// matches, with all their identifiers (`None`: none matches in MQTT's terms, as for a `$`
+    /// topic under a leading wildcard); and, for a message that spent credit, of herald topic
+    /// `charged`, where it goes back: the first `lossless` subscription whose herald pattern
+    /// matches, as the engine chooses, whether or not MQTT's rules then send the message.
+    fn route(
+        &self,
+        name: Option<&str>,
+        charged: Option<&str>,
+    ) -> (Option<Route>, Option<CreditTo>) {
         let mut route: Option<Route> = None;
         let mut credit = None;
         for sub in self.subs.iter().filter(|s| !s.shared) {
-            if credit.is_none() && sub.lossless {
+            if let (None, true, Some(topic)) = (&credit, sub.lossless, charged) {
                 credit = sub
                     .patterns
                     .iter()
                     .find(|p| matches(p, topic))
                     .map(|p| CreditTo::Pattern(Arc::from(p.as_str())));
             }
-            if !mqtt_matches(&sub.filter, name) {
+            if !name.is_some_and(|name| mqtt_matches(&sub.filter, name)) {
                 continue;
             }
             let r = route.get_or_insert_with(Route::default);
@@ -369,7 +408,11 @@ impl Outbound {
     /// How a message delivered for `group` goes to the connection: for the shared
     /// subscription the group is named after, if the connection still holds it and its filter
     /// matches `name` in MQTT's terms; and the credit it spent.
-    fn route_grouped(&self, group: &Arc<Group>, name: &str) -> (Option<Route>, Option<CreditTo>) {
+    fn route_grouped(
+        &self,
+        group: &Arc<Group>,
+        name: Option<&str>,
+    ) -> (Option<Route>, Option<CreditTo>) {
         let Some(sub) = self
             .subs
             .iter()
@@ -378,12 +421,27 @@ impl Outbound {
             return (None, None);
         };
         let credit = sub.lossless.then(|| CreditTo::Group(group.clone()));
-        let route = mqtt_matches(&sub.filter, name).then(|| Route {
+        let matched = name.is_some_and(|name| mqtt_matches(&sub.filter, name));
+        let route = matched.then(|| Route {
             qos: sub.qos,
             retain_as_published: sub.retain_as_published,
             ids: sub.id.into_iter().collect(),
         });
         (route, credit)
+    }
+
+    /// How `held` goes to the client now, if a subscription of the session still sends it.
+    fn route_held(&self, held: &Held) -> Option<Route> {
+        match held {
+            Held::Live { message, group } => {
+                let name = to_mqtt_topic(message.topic());
+                match group {
+                    Some(g) => self.route_grouped(g, name.as_deref()).0,
+                    None => self.route(name.as_deref(), None).0,
+                }
+            }
+            Held::Retained { name, .. } => self.route(Some(name), None).0,
+        }
     }
 
     fn problem(&self, reason: &'static str) -> ProblemInfo<'static> {
@@ -399,7 +457,14 @@ pub struct Encoder {
     framing: Framing,
     retained: Arc<RetainedStore>,
     state: Arc<Mutex<Outbound>>,
+    unspent: OnceLock<UnspentCredit>,
 }
+
+/// Gives `lossless` credit back to the engine (to a herald pattern of the connection, or its
+/// membership of a group) for a message the engine charged to it and the connection did not
+/// send. Called while the connection's queue is drained, under its locks: it must not wait for
+/// the engine (the session's hook hands the credit to a task).
+pub type UnspentCredit = Box<dyn Fn(CreditTo) + Send + Sync>;
 
 impl Encoder {
     pub fn new(
@@ -411,6 +476,19 @@ impl Encoder {
             framing,
             retained,
             state,
+            unspent: OnceLock::new(),
+        }
+    }
+
+    /// Sets how credit the connection did not spend goes back (once: later calls are
+    /// ignored).
+    pub fn on_unspent_credit(&self, give_back: UnspentCredit) {
+        let _ = self.unspent.set(give_back);
+    }
+
+    fn give_back(&self, credit: Option<CreditTo>) {
+        if let (Some(credit), Some(give_back)) = (credit, self.unspent.get()) {
+            give_back(credit);
         }
     }
 
@@ -435,7 +513,8 @@ impl Encoder {
     }
 
     /// A PUBLISH of `name` for this connection as `delivery` says (its expiry interval set
-    /// from the message's at `now_us`).
+    /// from the message's at `now_us`); 5.0: `lost` announces the messages of its topic lost
+    /// before it ([`GAP_PROPERTY`]).
     fn publish(
         &self,
         s: &Outbound,
@@ -443,8 +522,15 @@ impl Encoder {
         m: &Publishable,
         delivery: Delivery,
         now_us: u64,
+        lost: Option<Lost>,
     ) -> Frame {
-        let prepared = Prepared::new(s.version, name, &m.properties(), m.payload.clone());
+        let mut properties = m.properties();
+        if let Some(lost) = lost {
+            properties
+                .user_properties
+                .push((GAP_PROPERTY.into(), lost.value()));
+        }
+        let prepared = Prepared::new(s.version, name, &properties, m.payload.clone());
         let delivery = Delivery {
             message_expiry_interval: extras::seconds_left(m.extras, now_us),
             ..delivery
@@ -479,34 +565,174 @@ impl Encoder {
     }
 
     /// Appends the retained messages `sub` matches, retain flag set, at the lower of their
-    /// QoS and its own.
+    /// QoS and its own (QoS 1 ones as the receive maximum lets them go).
     fn retained_for(&self, s: &mut Outbound, sub: &Sub, out: &mut BytesMut) {
         let now = now_us();
         for (name, message) in self.retained.matching(&sub.filter, now) {
-            let qos = message.qos.min(sub.qos);
-            let packet_id = match qos {
-                QoS::AtMostOnce => 0,
-                _ => match s.packet_id(None) {
-                    Some(id) => id,
-                    None => continue,
-                },
+            let route = Route {
+                qos: message.qos.min(sub.qos),
+                retain_as_published: true,
+                ids: sub.id.into_iter().collect(),
             };
-            let m = Publishable::from(&message);
-            let ids: Vec<u32> = sub.id.into_iter().collect();
-            let delivery = Delivery {
-                qos,
-                packet_id,
-                retain: true,
-                subscription_identifiers: &ids,
-                ..Delivery::default()
+            let frame = match route.qos {
+                QoS::AtMostOnce => {
+                    let m = Publishable::from(&message);
+                    let delivery = Delivery {
+                        retain: true,
+                        subscription_identifiers: &route.ids,
+                        ..Delivery::default()
+                    };
+                    self.publish(s, &name, &m, delivery, now, None)
+                }
+                _ => self.send_qos1(s, Held::Retained { name, message }, route, None),
             };
-            let frame = self.publish(s, &name, &m, delivery, now);
-            if frame.is_empty() && qos != QoS::AtMostOnce {
-                s.in_flight.remove(&packet_id);
-            }
             out.put_slice(&frame.head);
             out.put_slice(&frame.body);
         }
+    }
+
+    /// The QoS 1 PUBLISH of `held`, recorded in flight, if the client has room; else it waits
+    /// behind the others.
+    fn send_qos1(
+        &self,
+        s: &mut Outbound,
+        held: Held,
+        route: Route,
+        credit: Option<CreditTo>,
+    ) -> Frame {
+        if !s.flow.has_room() {
+            s.flow.wait(held, credit);
+            return Frame::default();
+        }
+        self.send_now(s, held, route, credit)
+    }
+
+    /// [`Encoder::send_qos1`] with room for `held` (so fewer than 65,535 messages in flight,
+    /// and an identifier free).
+    fn send_now(
+        &self,
+        s: &mut Outbound,
+        held: Held,
+        route: Route,
+        credit: Option<CreditTo>,
+    ) -> Frame {
+        let sent = match s.flow.free_id() {
+            Some(id) => self
+                .held_frame(s, &held, &route, id, false)
+                .map(|f| (id, f)),
+            None => Err(Unsent::Undeliverable),
+        };
+        match sent {
+            Ok((packet_id, frame)) => {
+                s.flow.sent(packet_id, held, credit);
+                frame
+            }
+            Err(why) => {
+                self.not_sent(s, &held, credit, why);
+                Frame::default()
+            }
+        }
+    }
+
+    /// The QoS 1 PUBLISH of `held` with `packet_id` as `route` sends it (at QoS 1 whatever the
+    /// QoS its subscriptions now grant: it is owed as such), with the loss to announce on its
+    /// topic.
+    fn held_frame(
+        &self,
+        s: &mut Outbound,
+        held: &Held,
+        route: &Route,
+        packet_id: u16,
+        dup: bool,
+    ) -> Result<Frame, Unsent> {
+        let (name, p, retain) = match held {
+            Held::Live { message, .. } => {
+                let extras = message.extras();
+                let retain = route.retain_as_published && extras.is_some_and(|e| e.retain);
+                let name = to_mqtt_topic(message.topic()).ok_or(Unsent::Withdrawn)?;
+                (name, Publishable::from(message), retain)
+            }
+            Held::Retained { name, message } => (
+                Cow::Borrowed(name.as_str()),
+                Publishable::from(message),
+                true,
+            ),
+        };
+        let now = clock(p.extras)?;
+        let topic = held.topic();
+        let lost = topic.and_then(|t| s.gaps.take(t));
+        let delivery = Delivery {
+            qos: QoS::AtLeastOnce,
+            packet_id,
+            dup,
+            retain,
+            subscription_identifiers: &route.ids,
+            ..Delivery::default()
+        };
+        let frame = self.publish(s, &name, &p, delivery, now, lost);
+        if frame.is_empty() {
+            if let (Some(topic), Some(lost)) = (topic, lost) {
+                s.gaps.add(topic, lost);
+            }
+            return Err(Unsent::Undeliverable);
+        }
+        Ok(frame)
+    }
+
+    /// A QoS 1 message not sent after all: its credit goes back, and a loss is counted on its
+    /// topic unless the message was `Withdrawn`.
+    fn not_sent(&self, s: &mut Outbound, held: &Held, credit: Option<CreditTo>, why: Unsent) {
+        if let (Unsent::Undeliverable, Some(topic)) = (why, held.topic()) {
+            s.gaps.add(topic, Lost::Count(1));
+        }
+        self.give_back(credit);
+    }
+
+    /// The QoS 1 messages that were waiting and the room an acknowledgement made lets go (but
+    /// not those no subscription sends any more).
+    pub fn release(&self, s: &mut Outbound) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        while let Some((held, credit)) = s.flow.next_waiting() {
+            let Some(route) = s.route_held(&held) else {
+                self.not_sent(s, &held, credit, Unsent::Withdrawn);
+                continue;
+            };
+            let frame = self.send_now(s, held, route, credit);
+            if !frame.is_empty() {
+                frames.push(frame);
+            }
+        }
+        frames
+    }
+
+    /// The QoS 1 PUBLISH packets in flight, sent again with DUP set and their packet
+    /// identifiers, in the order first sent (§4.4: a resumed session), then what now has room.
+    /// One no subscription of the session sends any more (one the new connection's token does
+    /// not grant) or that has expired is no longer in flight; nor is one too large for this
+    /// connection's client, which counts as lost.
+    pub fn resend(&self, s: &mut Outbound) -> Vec<Frame> {
+        let unacknowledged: Vec<(u16, Held)> = s
+            .flow
+            .unacknowledged()
+            .into_iter()
+            .map(|(id, held)| (id, held.clone()))
+            .collect();
+        let mut frames = Vec::new();
+        for (id, held) in unacknowledged {
+            let sent = match s.route_held(&held) {
+                Some(route) => self.held_frame(s, &held, &route, id, true),
+                None => Err(Unsent::Withdrawn),
+            };
+            match sent {
+                Ok(frame) => frames.push(frame),
+                Err(why) => {
+                    let credit = s.flow.acknowledged(id);
+                    self.not_sent(s, &held, credit, why);
+                }
+            }
+        }
+        frames.extend(self.release(s));
+        frames
     }
 
     fn frame_bytes(&self, packet: Bytes) -> Bytes {
@@ -720,95 +946,97 @@ fn shared_head(
 impl Encoder {
     /// The PUBLISH this connection is sent for `message` for its own subscriptions (`group`:
     /// for its shared subscription named after the group), or an empty frame when it is not
-    /// sent one: a name MQTT cannot carry, a `$` topic under a leading wildcard, expired, no
-    /// packet identifier free, larger than the client's maximum packet size. Credit the
-    /// message spent and that no acknowledgement will return is owed to herald.
+    /// sent one (a name MQTT cannot carry, a `$` topic under a leading wildcard, already
+    /// delivered, expired, larger than the client's maximum packet size) or not yet (QoS 1
+    /// waiting for room). Credit the message spent that no acknowledgement will return goes
+    /// back at once.
     fn publish_of(&self, message: &Message, group: Option<&Arc<Group>>) -> Frame {
         let mut s = self.state.lock();
+        let topic = message.topic();
         // Most connections: every subscription QoS 0 and plain, a message with no MQTT 5.0
         // properties on a topic MQTT names as herald does (no `$`, no `+` or `#` in a level),
-        // so the packet is the one every such subscriber shares.
-        let topic = message.topic();
+        // no loss to announce (3.1.1 cannot), so the packet is the one every such subscriber
+        // shares.
         if group.is_none()
             && s.subs.plain()
+            && s.uncredited == 0
+            && (s.gaps.is_empty() || s.version == Version::V311)
             && message.extras().is_none()
             && !topic.starts_with('$')
             && !topic.contains(['+', '#'])
         {
-            return self.shared_publish(&s, message);
-        }
-        let Some(name) = to_mqtt_topic(message.topic()) else {
-            let (_, credit) = match group {
-                Some(g) => s.route_grouped(g, ""),
-                None => s.route("", message.topic()),
-            };
-            s.owe(credit);
-            return Frame::default();
-        };
-        let (route, credit) = match group {
-            Some(g) => s.route_grouped(g, &name),
-            None => s.route(&name, message.topic()),
-        };
-        let Some(route) = route else {
-            s.owe(credit);
-            return Frame::default();
-        };
-        let extras = message.extras();
-        let now = match extras.and_then(|e| e.expires_us) {
-            Some(at) => {
-                let now = now_us();
-                if now >= at {
-                    s.owe(credit);
-                    return Frame::default();
-                }
-                now
+            if s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
+                return Frame::default();
             }
-            None => 0,
+            return self.shared_publish(&mut s, message);
+        }
+        let charged = match group {
+            Some(_) => None,
+            None if s.uncredited > 0 => {
+                s.uncredited -= 1;
+                None
+            }
+            None => Some(topic),
+        };
+        let name = to_mqtt_topic(topic);
+        let (route, credit) = match group {
+            Some(g) => s.route_grouped(g, name.as_deref()),
+            None => s.route(name.as_deref(), charged),
+        };
+        let (Some(name), Some(route)) = (name, route) else {
+            self.give_back(credit);
+            return Frame::default();
+        };
+        // The session's positions are for its own subscriptions: a shared subscription's
+        // messages are not recovered for it, nor already delivered through it.
+        if group.is_none() && s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
+            self.give_back(credit);
+            return Frame::default();
+        }
+        if route.qos != QoS::AtMostOnce {
+            let held = Held::Live {
+                message: message.clone(),
+                group: group.cloned(),
+            };
+            return self.send_qos1(&mut s, held, route, credit);
+        }
+        // Sent at QoS 0 (its credit spent for a QoS 1 subscription that matches in herald's
+        // terms only): no PUBACK will return the credit.
+        self.give_back(credit);
+        let extras = message.extras();
+        let Ok(now) = clock(extras.map(|e| &**e)) else {
+            return Frame::default();
         };
         let retain = route.retain_as_published && extras.is_some_and(|e| e.retain);
-        let packet_id = match route.qos {
-            QoS::AtMostOnce => {
-                // Sent at QoS 0 (its credit spent for a QoS 1 subscription that matches in
-                // herald's terms only): no PUBACK will return the credit.
-                s.owe(credit);
-                0
-            }
-            // The credit goes with the packet identifier, back with its PUBACK.
-            _ => match s.packet_id(credit) {
-                Some(id) => id,
-                None => return Frame::default(),
-            },
-        };
-        if route.qos == QoS::AtMostOnce && route.ids.is_empty() && now == 0 && !retain {
-            return self.shared_publish(&s, message);
+        let lost = s.gaps.take(topic);
+        if route.ids.is_empty() && now == 0 && !retain && lost.is_none() {
+            return self.shared_publish(&mut s, message);
         }
         let delivery = Delivery {
-            qos: route.qos,
-            packet_id,
             retain,
             subscription_identifiers: &route.ids,
             ..Delivery::default()
         };
-        let frame = self.publish(&s, &name, &Publishable::from(message), delivery, now);
-        if frame.is_empty() && route.qos != QoS::AtMostOnce {
-            let credit = s.in_flight.remove(&packet_id).flatten();
-            s.owe(credit);
+        let p = Publishable::from(message);
+        let frame = self.publish(&s, &name, &p, delivery, now, lost);
+        if frame.is_empty() {
+            let lost = lost.map_or(Lost::Count(1), |lost| lost.and(Lost::Count(1)));
+            s.gaps.add(topic, lost);
         }
         frame
     }
-}
 
-impl Encoder {
     /// The QoS 0 PUBLISH every plain subscriber of this version and transport is sent: cut
     /// from the bytes cached in the message; nothing if it exceeds the client's maximum
-    /// packet size.
-    fn shared_publish(&self, s: &Outbound, message: &Message) -> Frame {
+    /// packet size (a loss its topic's next message announces).
+    fn shared_publish(&self, s: &mut Outbound, message: &Message) -> Frame {
         let all = message.encoded(SLOT, shared_heads);
         if all.is_empty() {
             return Frame::default();
         }
         let (head, packet_len) = shared_head(&all.head, all.body.len(), s.version, self.framing);
         if packet_len > s.maximum_packet_size as usize {
+            s.gaps.add(message.topic(), Lost::Count(1));
             return Frame::default();
         }
         Frame {
@@ -840,12 +1068,34 @@ impl Encode for Encoder {
                 Some(tag) => self.published(&mut s, tag, Ok(())),
                 None => Frame::default(),
             },
-            Reply::Subscribed { id: Some(id), .. } | Reply::Unsubscribed { id: Some(id), .. } => {
-                match Tag::of(id) {
+            Reply::Subscribed {
+                id: Some(id),
+                topic,
+                cursor,
+                ..
+            } => {
+                let tag = Tag::of(id);
+                // The session recovers its own subscriptions, not its shared ones.
+                let own = match tag {
+                    Some(Tag::Subscribe { packet_id, filter }) => s
+                        .subacks
+                        .get(&packet_id)
+                        .and_then(|pending| pending.subs.get(usize::from(filter)))
+                        .is_some_and(|sub| sub.as_ref().is_some_and(|(sub, _)| !sub.shared)),
+                    _ => false,
+                };
+                if let (Some(seen), true) = (s.seen.as_mut(), own) {
+                    seen.subscribed(topic, cursor);
+                }
+                match tag {
                     Some(tag) => self.answered(&mut s, tag, None),
                     None => Frame::default(),
                 }
             }
+            Reply::Unsubscribed { id: Some(id), .. } => match Tag::of(id) {
+                Some(tag) => self.answered(&mut s, tag, None),
+                None => Frame::default(),
+            },
             Reply::Error {
                 id: Some(id), code, ..
             } => match Tag::of(id) {
@@ -863,9 +1113,10 @@ impl Encode for Encoder {
         }
     }
 
-    /// MQTT has no notice of lost messages: a QoS 0 subscriber's dropped messages are simply
-    /// not sent (`docs/mqtt.md`).
-    fn dropped(&self, _: &str, _: u64, _: DropReason) -> Frame {
+    /// MQTT has no notice of lost messages: 5.0 marks the topic's next message instead
+    /// ([`GAP_PROPERTY`]); 3.1.1 loses them without a word (`docs/mqtt.md`).
+    fn dropped(&self, topic: &str, count: u64, _: DropReason) -> Frame {
+        self.state.lock().gaps.add(topic, Lost::Count(count));
         Frame::default()
     }
 }
@@ -903,6 +1154,42 @@ mod tests {
                 assert_eq!(ws, [&header[..], &expected[..]].concat());
             }
         }
+    }
+
+    #[test]
+    fn subs_count_those_that_are_not_plain_through_every_change() {
+        let sub = |name: &str, qos| Sub {
+            name: name.into(),
+            filter: name.into(),
+            shared: false,
+            patterns: vec![name.into()],
+            qos,
+            lossless: qos == QoS::AtLeastOnce,
+            retain_as_published: false,
+            id: None,
+            no_local: false,
+        };
+        let mut subs = Subs::default();
+        subs.insert(sub("a", QoS::AtMostOnce));
+        assert!(subs.plain());
+        subs.insert(sub("b", QoS::AtLeastOnce));
+        assert!(!subs.plain(), "a QoS 1 subscription is never plain");
+        subs.insert(sub("b", QoS::AtMostOnce));
+        assert!(subs.plain(), "replaced by a plain one");
+        subs.insert(sub("c", QoS::AtLeastOnce));
+        let mut kept = Outbound {
+            subs,
+            ..Outbound::default()
+        }
+        .take_session();
+        let mut resumed = Outbound::default();
+        kept.subs.retain(|sub| sub.name != "a");
+        resumed.resume(kept, 10);
+        assert!(!resumed.subs.plain(), "resumed with its QoS 1 subscription");
+        resumed.subs.retain(|sub| sub.name != "c");
+        assert!(resumed.subs.plain(), "a token no longer granting it");
+        assert!(resumed.subs.remove("b").is_some());
+        assert!(resumed.subs.plain());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! MQTT 3.1.1 and 5.0: the packet codec, the mapping between MQTT topic names and filters
 //! and herald's topics and patterns, and the MQTT session on herald's protocol seam. All but
-//! [`session`] and [`codec`] are pure: no sockets, no sessions, no clock.
+//! [`session`], [`codec`], [`sessions`] and [`persist`] are pure: no sockets, no sessions, no
+//! clock.
 //!
 //! The codec is written by hand because it is on herald's core path: one PUBLISH encoding
 //! (a head and the shared payload) serves every subscriber of a version, and the server must
@@ -14,16 +15,23 @@
 //! - [`extras`]: a message's 5.0 properties as herald carries them, and back.
 //! - [`topic`]: MQTT names and filters to herald topics and patterns, and MQTT's own matching.
 //! - [`retained`]: the retained messages of a node.
+//! - [`delivery`]: what a session tracks of its deliveries: QoS 1 messages in flight under the
+//!   client's receive maximum, losses to announce, positions delivered.
 //! - [`codec`]: one connection's encoding of what herald sends it.
+//! - [`sessions`]: the node's sessions by client identifier, and what a kept session holds.
+//! - [`persist`]: sessions that outlive their connection: parked, resumed, taken over, expired.
 //! - [`session`]: an MQTT connection as a [`crate::session::Protocol`].
 
 pub mod codec;
+pub mod delivery;
 pub mod encode;
 pub mod extras;
 pub mod packet;
+pub mod persist;
 pub mod properties;
 pub mod retained;
 pub mod session;
+pub mod sessions;
 pub mod topic;
 pub mod wire;
 

@@ -13,15 +13,18 @@
 //! same one share its messages ([`herald_core::group`]). A PUBLISH's 5.0 properties and retain
 //! flag travel with the message as its extras ([`super::extras`]).
 //!
-//! What the session does not do, and why, is in `docs/mqtt.md`: no persistent sessions (a
-//! session ends with its connection), and the will is published when the connection ends even
-//! if it has a delay.
+//! A session that outlives its connection (clean session 0, session expiry), a client
+//! identifier taken over and a delayed will are [`super::persist`]'s. What the session does not
+//! do, and why, is in `docs/mqtt.md`.
 
 use super::codec::{framed, Encoder, Outbound, Sub, Tag};
+use super::delivery::Seen;
 use super::encode::{self, AckKind, ConnackProperties, ProblemInfo};
 use super::extras::extras_of;
 use super::packet::{self, Connect, Decoder, Limits, Packet, Reply as Refusal, RetainHandling};
+use super::persist::{self, Joining};
 use super::retained::{Retained, RetainedStore};
+use super::sessions::Will;
 use super::topic::{parse_subscription, to_herald_patterns, to_herald_topic};
 use super::{QoS, ReasonCode, Version};
 use crate::connection::Codec;
@@ -40,6 +43,10 @@ use std::time::Duration;
 /// How long a connection may take to send its CONNECT.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// QoS 2 messages a 5.0 client may have awaiting their PUBREL at once (its CONNACK says so,
+/// §3.2.2.3.3); QoS 1 messages are acknowledged as herald accepts them, one at a time.
+pub const RECEIVE_MAXIMUM: u16 = 1024;
+
 /// Topic aliases a client may set on its PUBLISH packets (5.0).
 pub const TOPIC_ALIAS_MAXIMUM: u16 = 64;
 
@@ -48,6 +55,7 @@ const PACKET_OVERHEAD: u32 = 64 * 1024;
 
 /// One MQTT connection's protocol state.
 pub struct Mqtt {
+    node: Arc<Node>,
     framing: Framing,
     decoder: Decoder,
     /// Received bytes not yet a whole packet.
@@ -63,7 +71,15 @@ pub struct Mqtt {
 /// What a CONNECT settled.
 struct Connected {
     version: Version,
-    will: Option<packet::Will>,
+    /// The session's client identifier (assigned by herald when the client gave none).
+    client_id: String,
+    /// This connection's hold on the session ([`persist::join`]).
+    generation: u64,
+    /// The session expiry the CONNECT asked for, and the one granted (seconds; 0: the session
+    /// ends with the connection).
+    expiry_asked: u32,
+    expiry: u32,
+    will: Option<Will>,
     /// The client said DISCONNECT (without asking for its will): the will is not published.
     clean_end: bool,
     receive_maximum: u16,
@@ -74,7 +90,7 @@ struct Connected {
 }
 
 impl Mqtt {
-    pub fn new(node: &Node, framing: Framing) -> Mqtt {
+    pub fn new(node: &Arc<Node>, framing: Framing) -> Mqtt {
         let maximum_packet_size = u32::try_from(node.config.max_message_bytes)
             .unwrap_or(u32::MAX)
             .saturating_add(PACKET_OVERHEAD)
@@ -83,6 +99,7 @@ impl Mqtt {
         let retained = node.mqtt_retained.clone();
         let encoder = Arc::new(Encoder::new(framing, retained.clone(), state.clone()));
         Mqtt {
+            node: node.clone(),
             framing,
             decoder: Decoder::new(Limits {
                 maximum_packet_size,
@@ -178,31 +195,59 @@ impl Mqtt {
                 return Err(Disconnect::Unauthorized);
             }
         }
+        let client_id = match c.client_id.is_empty() {
+            true => format!("herald-{:016x}", rand::random::<u64>()),
+            false => c.client_id.clone(),
+        };
+        // 3.1.1's persistent session never expires (§3.1.2.4): herald's maximum applies.
+        let expiry_asked = match version {
+            Version::V311 if c.clean_start => 0,
+            Version::V311 => u32::MAX,
+            Version::V5 => c.session_expiry_interval,
+        };
+        let expiry = self.node.mqtt_sessions.limits.expiry(expiry_asked);
+        let receive_maximum = c.receive_maximum.max(1);
         {
             let mut s = self.state.lock();
             s.version = version;
             s.maximum_packet_size = c.maximum_packet_size.unwrap_or(u32::MAX);
             s.problem_info = c.request_problem_information;
+            s.flow.set_receive_maximum(receive_maximum);
+            s.seen = (expiry > 0).then(Seen::default);
         }
+        let will = prepare_will(cx, c.will);
+        self.encoder
+            .on_unspent_credit(persist::credit_return(&self.node, cx.id, cx.conn));
         let mut props = ConnackProperties {
+            receive_maximum: Some(RECEIVE_MAXIMUM),
             maximum_packet_size: Some(self.maximum_packet_size),
             topic_alias_maximum: Some(TOPIC_ALIAS_MAXIMUM),
             subscription_identifiers_available: Some(true),
             shared_subscription_available: Some(true),
             ..ConnackProperties::default()
         };
-        if c.session_expiry_interval != 0 {
-            // Sessions end with their connection (docs/mqtt.md).
-            props.session_expiry_interval = Some(0);
+        if expiry != expiry_asked {
+            props.session_expiry_interval = Some(expiry);
         }
         if c.client_id.is_empty() && version == Version::V5 {
-            props.assigned_client_identifier =
-                Some(format!("herald-{:016x}", rand::random::<u64>()));
+            props.assigned_client_identifier = Some(client_id.clone());
         }
-        self.send(
-            cx,
-            encode::connack(version, false, ReasonCode::Success, &props),
-        );
+        let framing = self.framing;
+        let joining = Joining {
+            client_id: &client_id,
+            clean_start: c.clean_start,
+            version,
+            framing,
+            state: &self.state,
+            encoder: &self.encoder,
+            will: will.clone(),
+            receive_maximum,
+        };
+        let connack = |session_present| {
+            let packet = encode::connack(version, session_present, ReasonCode::Success, &props);
+            framed(framing, packet)
+        };
+        let generation = persist::join(&self.node, cx, joining, connack);
         // §3.1.2.10: one and a half times the keep-alive with nothing received ends it.
         cx.set_keepalive(Keepalive {
             ping: None,
@@ -210,11 +255,15 @@ impl Mqtt {
         });
         self.connect = Some(Connected {
             version,
-            will: c.will,
+            client_id,
+            generation,
+            expiry_asked,
+            expiry,
+            will,
             clean_end: false,
-            receive_maximum: c.receive_maximum.max(1),
+            receive_maximum,
             aliases: HashMap::new(),
-            pattern_users: HashMap::new(),
+            pattern_users: persist::pattern_users(&self.state),
         });
         Ok(())
     }
@@ -259,6 +308,22 @@ impl Mqtt {
             }
         };
         let packet_id = p.packet_id.unwrap_or_default();
+        if p.qos == QoS::ExactlyOnce && version == Version::V5 {
+            let over = {
+                let awaiting = &self.state.lock().awaiting_release;
+                awaiting.len() >= usize::from(RECEIVE_MAXIMUM) && !awaiting.contains(&packet_id)
+            };
+            if over {
+                self.disconnect(
+                    cx,
+                    ReasonCode::ReceiveMaximumExceeded,
+                    "more QoS 2 messages awaiting PUBREL than the receive maximum",
+                );
+                // A flow the client overran, not a broken stream: herald reads on until the
+                // client closes, so that it reads the DISCONNECT rather than a reset.
+                return Err(Disconnect::RateLimited);
+            }
+        }
         if p.qos == QoS::ExactlyOnce && !self.state.lock().awaiting_release.insert(packet_id) {
             // A duplicate of a message already published: acknowledged again, not published.
             answer(self, ReasonCode::Success);
@@ -306,7 +371,7 @@ impl Mqtt {
         sub: packet::Subscribe,
     ) -> Result<(), Disconnect> {
         let connected = self.connect.as_mut().expect("CONNECT came first");
-        let window = u64::from(connected.receive_maximum);
+        let limits = self.node.mqtt_sessions.limits;
         let mut codes = Vec::with_capacity(sub.filters.len());
         // Per filter, the subscription asked for and whether its retained messages follow.
         let mut send_retained = Vec::with_capacity(sub.filters.len());
@@ -359,6 +424,7 @@ impl Mqtt {
                 lossless,
                 retain_as_published: f.retain_as_published,
                 id: sub.subscription_identifier,
+                no_local: f.no_local,
             };
             let existed = s.subs.insert(entry.clone());
             drop(s);
@@ -388,7 +454,8 @@ impl Mqtt {
                     ),
                     topic: pattern,
                     policy: lossless.then_some(Policy::Lossless),
-                    window: lossless.then_some(window),
+                    window: lossless
+                        .then(|| limits.window(connected.receive_maximum, group.is_some())),
                     group: group.clone(),
                     no_local: f.no_local,
                     ..Subscribe::default()
@@ -439,6 +506,9 @@ impl Mqtt {
                     continue;
                 }
                 connected.pattern_users.remove(&pattern);
+                if let Some(seen) = s.seen.as_mut() {
+                    seen.unsubscribed(&pattern);
+                }
                 requests.push(Request::Unsubscribe {
                     id: Some(tag.id()),
                     topic: pattern,
@@ -466,11 +536,15 @@ impl Mqtt {
             Packet::Connect(c) => self.on_connect(cx, *c),
             Packet::Publish(p) => self.on_publish(cx, p),
             Packet::PubAck(ack) => {
-                let (credit, owed) = {
+                let (credit, released) = {
                     let mut s = self.state.lock();
-                    (s.acknowledged(ack.packet_id), s.take_owed())
+                    let credit = s.flow.acknowledged(ack.packet_id);
+                    (credit, self.encoder.release(&mut s))
                 };
-                for credit in credit.into_iter().chain(owed) {
+                for frame in released {
+                    cx.send(frame);
+                }
+                if let Some(credit) = credit {
                     cx.request(credit.request());
                 }
                 Ok(())
@@ -505,14 +579,26 @@ impl Mqtt {
             }
             Packet::PingReq => {
                 self.send(cx, encode::pingresp());
-                let owed = self.state.lock().take_owed();
-                owed.iter().for_each(|credit| cx.request(credit.request()));
                 Ok(())
             }
             Packet::Disconnect(d) => {
-                if let Some(c) = self.connect.as_mut() {
-                    c.clean_end = d.reason != ReasonCode::DisconnectWithWill;
+                let limits = self.node.mqtt_sessions.limits;
+                let Some(c) = self.connect.as_mut() else {
+                    return Err(Disconnect::ClientClosed);
+                };
+                match d.session_expiry_interval {
+                    // §3.14.2.2.2: a session the CONNECT let end may not be kept now.
+                    Some(asked) if asked != 0 && c.expiry_asked == 0 => {
+                        return Err(self.disconnect(
+                            cx,
+                            ReasonCode::ProtocolError,
+                            "a session expiry interval at DISCONNECT after 0 at CONNECT",
+                        ));
+                    }
+                    Some(asked) => c.expiry = limits.expiry(asked),
+                    None => {}
                 }
+                c.clean_end = d.reason != ReasonCode::DisconnectWithWill;
                 Err(Disconnect::ClientClosed)
             }
             Packet::Auth(_) => Err(self.disconnect(
@@ -569,47 +655,65 @@ impl Protocol for Mqtt {
     }
 
     fn ended(&mut self, cx: &mut Context<'_>, _why: Disconnect) {
-        let Some(connected) = self.connect.take() else {
+        let Some(c) = self.connect.take() else {
             return;
         };
-        let Some(will) = connected.will.filter(|_| !connected.clean_end) else {
-            return;
-        };
-        let Ok(topic) = to_herald_topic(&will.topic) else {
-            return;
-        };
-        let kind = if will.message.payload_utf8 {
-            PayloadKind::Text
-        } else {
-            PayloadKind::Binary
-        };
-        let extras = extras_of(&will.message, will.retain, cx.now_us);
-        let publish = Publish {
-            id: None,
-            topic: topic.as_ref().into(),
-            payload: will.payload.clone(),
-            kind,
-            content_type: will.message.content_type.clone(),
-            stamp: false,
-            extras: extras.clone(),
-        };
-        let request = Request::Publish(publish);
-        if !cx.admits(&request) {
-            return;
+        let will = c.will.filter(|_| !c.clean_end);
+        let now = persist::leave(
+            &self.node,
+            cx.conn,
+            &c.client_id,
+            c.generation,
+            &self.state,
+            will,
+            c.expiry,
+        );
+        if let Some(will) = now {
+            let (publish, retained) = will.published(cx.now_us);
+            if let Some(retained) = retained {
+                // A full store keeps the will from being retained; it is still published.
+                let _ = self.retained.publish(&publish.topic, retained);
+            }
+            cx.request(Request::Publish(publish));
         }
-        if will.retain {
-            let message = Retained {
-                payload: will.payload,
-                kind,
-                content_type: will.message.content_type,
-                qos: will.qos.min(QoS::AtLeastOnce),
-                extras,
-            };
-            // A full store keeps the will from being retained; it is still published.
-            let _ = self.retained.publish(&topic, message);
-        }
-        cx.request(request);
     }
+}
+
+/// The will of a CONNECT as herald publishes it, if its topic is one herald can name and the
+/// client's grants allow publishing to it.
+fn prepare_will(cx: &mut Context<'_>, will: Option<packet::Will>) -> Option<Will> {
+    let will = will?;
+    let topic = to_herald_topic(&will.topic).ok()?;
+    let kind = if will.message.payload_utf8 {
+        PayloadKind::Text
+    } else {
+        PayloadKind::Binary
+    };
+    let publish = Publish {
+        id: None,
+        topic: topic.as_ref().into(),
+        payload: will.payload.clone(),
+        kind,
+        content_type: will.message.content_type.clone(),
+        stamp: false,
+        extras: None,
+    };
+    if !cx.admits(&Request::Publish(publish.clone())) {
+        return None;
+    }
+    let retained = will.retain.then(|| Retained {
+        payload: will.payload,
+        kind,
+        content_type: will.message.content_type.clone(),
+        qos: will.qos.min(QoS::AtLeastOnce),
+        extras: None,
+    });
+    Some(Will {
+        publish,
+        retained,
+        properties: will.message,
+        delay: will.delay_interval,
+    })
 }
 
 #[cfg(test)]
@@ -688,15 +792,19 @@ mod tests {
 
     /// A node serving MQTT on a port of its own, until the test ends.
     async fn node() -> Arc<Node> {
+        node_with(Config::default()).await
+    }
+
+    async fn node_with(config: Config) -> Arc<Node> {
         let tcp = listener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let config = Config {
             mqtt_listen: Some(tcp.local_addr().unwrap()),
-            ..Config::default()
+            ..config
         };
         let node = Node::new(config).unwrap();
         let serving = node.clone();
         tokio::spawn(async move {
-            let mqtt = |node: &Node| Mqtt::new(node, Framing::Stream);
+            let mqtt = |node: &Arc<Node>| Mqtt::new(node, Framing::Stream);
             listener::serve_stream(tcp, serving, mqtt, std::future::pending()).await
         });
         node
@@ -726,6 +834,40 @@ mod tests {
         packet(0x10, &body)
     }
 
+    /// A 5.0 CONNECT with keep-alive 30 s and these properties.
+    fn connect5(id: &str, clean_start: bool, properties: &[u8]) -> Vec<u8> {
+        let mut body = string("MQTT");
+        let flags = if clean_start { 0x02 } else { 0 };
+        body.extend([5, flags, 0, 30, properties.len() as u8]);
+        body.extend_from_slice(properties);
+        body.extend(string(id));
+        packet(0x10, &body)
+    }
+
+    /// A 3.1.1 CONNECT with clean session 0.
+    fn connect_persistent(id: &str) -> Vec<u8> {
+        let mut body = string("MQTT");
+        body.extend([4, 0x00, 0, 30]);
+        body.extend(string(id));
+        packet(0x10, &body)
+    }
+
+    /// The packet identifier of a QoS 1 PUBLISH (its first byte and body) from the server to
+    /// a client of `level`, checked to be QoS 1 with DUP as `dup`, and its payload.
+    fn qos1_of(level: u8, (first, body): (u8, Vec<u8>), dup: bool) -> (u16, Vec<u8>) {
+        assert_eq!(first & 0xF6, 0x32, "a QoS 1 PUBLISH, not {first:#x}");
+        assert_eq!(first & 0x08 != 0, dup, "DUP flag");
+        let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+        let at = 2 + topic_len;
+        let id = u16::from_be_bytes([body[at], body[at + 1]]);
+        let mut payload = at + 2;
+        if level == 5 {
+            // Properties this short have a one-byte length.
+            payload += 1 + usize::from(body[payload]);
+        }
+        (id, body[payload..].to_vec())
+    }
+
     fn subscribe(level: u8, packet_id: u16, filter: &str, options: u8) -> Vec<u8> {
         let mut body = packet_id.to_be_bytes().to_vec();
         if level == 5 {
@@ -748,9 +890,12 @@ mod tests {
         packet(0x30 | qos << 1 | u8::from(retain), &body)
     }
 
+    /// A client connected at `level` with a client identifier of its own.
     async fn connected(node: &Arc<Node>, level: u8) -> Client {
+        static IDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let id = IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut c = Client::new(node).await;
-        c.send(&connect(level, "c")).await;
+        c.send(&connect(level, &format!("c{id}"))).await;
         let (first, body) = c.packet().await;
         assert_eq!(first, 0x20);
         assert_eq!(body[1], 0, "accepted");
@@ -943,5 +1088,236 @@ mod tests {
         publisher.send(&publish(4, 0, false, "$x/y", 0, b"1")).await;
         publisher.send(&publish(4, 0, false, "x", 0, b"2")).await;
         assert_eq!(sub.packet().await, (0x30, vec![0, 1, b'x', b'2']));
+    }
+
+    #[tokio::test]
+    async fn a_message_not_sent_gives_its_lossless_credit_back() {
+        let node = node_with(Config {
+            mqtt_session_queue_messages: 0,
+            ..Config::default()
+        })
+        .await;
+        let mut sub = Client::new(&node).await;
+        // Receive maximum 2: its `lossless` window is 2 messages.
+        sub.send(&connect5("s", true, &[0x21, 0, 2])).await;
+        assert_eq!(sub.packet().await.0, 0x20);
+        sub.send(&subscribe(5, 1, "#", 1)).await;
+        assert_eq!(sub.packet().await, (0x90, vec![0, 1, 0, 1]));
+        let mut publisher = connected(&node, 5).await;
+        // `#` matches no `$` topic: herald's `>` does, and spends the credit.
+        for id in 1..=4 {
+            publisher
+                .send(&publish(5, 1, false, "$x/y", id, b"d"))
+                .await;
+            let (first, body) = publisher.packet().await;
+            assert_eq!(
+                (first, &body[..2]),
+                (0x40, &id.to_be_bytes()[..]),
+                "accepted at once"
+            );
+        }
+        publisher.send(&publish(5, 1, false, "t", 9, b"m")).await;
+        assert_eq!(publisher.packet().await.0, 0x40);
+        let (_, payload) = qos1_of(5, sub.packet().await, false);
+        assert_eq!(payload, b"m");
+        sub.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn the_receive_maximum_bounds_the_connection_not_each_subscription() {
+        let node = node().await;
+        let mut sub = Client::new(&node).await;
+        sub.send(&connect5("s", true, &[0x21, 0, 2])).await;
+        assert_eq!(sub.packet().await.0, 0x20);
+        for (id, filter) in [(1, "r/1"), (2, "r/2")] {
+            sub.send(&subscribe(5, id, filter, 1)).await;
+            assert_eq!(sub.packet().await.0, 0x90);
+        }
+        let mut publisher = connected(&node, 4).await;
+        for (topic, payload) in [("r/1", b"a"), ("r/2", b"b"), ("r/1", b"c"), ("r/2", b"d")] {
+            publisher
+                .send(&publish(4, 0, false, topic, 0, payload))
+                .await;
+        }
+        let (first, a) = qos1_of(5, sub.packet().await, false);
+        let (_, b) = qos1_of(5, sub.packet().await, false);
+        assert_eq!((a.as_slice(), b.as_slice()), (&b"a"[..], &b"b"[..]));
+        sub.quiet().await;
+        sub.send(&packet(0x40, &first.to_be_bytes())).await;
+        let (_, c) = qos1_of(5, sub.packet().await, false);
+        assert_eq!(c, b"c", "one acknowledgement, room for one more");
+        sub.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn a_resumed_session_resends_what_was_in_flight_then_what_came_while_away() {
+        let node = node().await;
+        let mut sub = Client::new(&node).await;
+        sub.send(&connect_persistent("p")).await;
+        assert_eq!(sub.packet().await, (0x20, vec![0, 0]), "no session yet");
+        sub.send(&subscribe(4, 1, "k/#", 1)).await;
+        assert_eq!(sub.packet().await, (0x90, vec![0, 1, 1]));
+        let mut publisher = connected(&node, 4).await;
+        for payload in [b"1", b"2"] {
+            publisher
+                .send(&publish(4, 0, false, "k/a", 0, payload))
+                .await;
+        }
+        let first = qos1_of(4, sub.packet().await, false);
+        let second = qos1_of(4, sub.packet().await, false);
+        sub.end();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        publisher.send(&publish(4, 0, false, "k/b", 0, b"3")).await;
+        publisher.send(&publish(4, 0, false, "k/a", 0, b"4")).await;
+        let mut back = Client::new(&node).await;
+        back.send(&connect_persistent("p")).await;
+        assert_eq!(back.packet().await, (0x20, vec![1, 0]), "session present");
+        assert_eq!(
+            qos1_of(4, back.packet().await, true),
+            first,
+            "sent again, DUP"
+        );
+        assert_eq!(qos1_of(4, back.packet().await, true), second);
+        let (id, third) = qos1_of(4, back.packet().await, false);
+        let (_, fourth) = qos1_of(4, back.packet().await, false);
+        assert_eq!(
+            (third.as_slice(), fourth.as_slice()),
+            (&b"3"[..], &b"4"[..])
+        );
+        back.quiet().await;
+        // The subscription is there without a SUBSCRIBE.
+        back.send(&packet(0x40, &id.to_be_bytes())).await;
+        publisher.send(&publish(4, 0, false, "k/c", 0, b"5")).await;
+        assert_eq!(qos1_of(4, back.packet().await, false).1, b"5");
+    }
+
+    #[tokio::test]
+    async fn a_second_connection_with_the_client_identifier_takes_the_session_over() {
+        let node = node().await;
+        let mut first = Client::new(&node).await;
+        first
+            .send(&connect5("same", true, &[0x11, 0, 0, 0, 60]))
+            .await;
+        assert_eq!(first.packet().await.0, 0x20);
+        first.send(&subscribe(5, 1, "o/#", 1)).await;
+        assert_eq!(first.packet().await.0, 0x90);
+        let mut second = Client::new(&node).await;
+        second.send(&connect5("same", false, &[])).await;
+        let (first_byte, body) = second.packet().await;
+        assert_eq!((first_byte, body[0]), (0x20, 1), "CONNACK, session present");
+        let (kind, body) = first.packet().await;
+        assert_eq!(
+            (kind, body[0]),
+            (0xE0, 0x8E),
+            "DISCONNECT, session taken over"
+        );
+        first.closed().await;
+        let mut publisher = connected(&node, 4).await;
+        publisher.send(&publish(4, 0, false, "o/x", 0, b"z")).await;
+        assert_eq!(qos1_of(5, second.packet().await, false).1, b"z");
+    }
+
+    #[tokio::test]
+    async fn a_session_taken_over_from_a_client_that_stopped_reading_loses_nothing() {
+        let node = node().await;
+        let mut stuck = Client::new(&node).await;
+        stuck.send(&connect_persistent("stuck")).await;
+        assert_eq!(stuck.packet().await.0, 0x20);
+        stuck.send(&subscribe(4, 1, "big", 1)).await;
+        assert_eq!(stuck.packet().await.0, 0x90);
+        // More than the socket buffers hold: the rest waits in the connection's queue.
+        let mut publisher = connected(&node, 4).await;
+        for i in 0..100u8 {
+            let mut body = string("big");
+            body.extend(vec![i; 64 << 10]);
+            let mut packet = BytesMut::from(&[0x30][..]);
+            crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
+            packet.extend_from_slice(&body);
+            publisher.send(&packet).await;
+        }
+        publisher.send(&publish(4, 1, false, "x", 1, b"")).await;
+        assert_eq!(publisher.packet().await.0, 0x40, "all published");
+        let mut taker = Client::new(&node).await;
+        taker.send(&connect_persistent("stuck")).await;
+        assert_eq!(taker.packet().await, (0x20, vec![1, 0]), "session present");
+        let (mut got, mut again) = (Vec::new(), 0);
+        while got.len() < 100 {
+            let (first, body) = taker.packet().await;
+            assert_eq!(first & 0xF6, 0x32);
+            again += usize::from(first & 0x08 != 0);
+            got.push(body[7]);
+        }
+        assert_eq!(got, (0..100).collect::<Vec<u8>>(), "each once, in order");
+        assert!(
+            again > 0 && again < 100,
+            "{again} sent again (DUP), the others never sent before"
+        );
+        drop(stuck);
+    }
+    #[tokio::test]
+    async fn a_kept_session_leaves_its_shared_subscription_while_away_and_rejoins_it() {
+        let node = node().await;
+        let mut away = Client::new(&node).await;
+        away.send(&connect_persistent("member")).await;
+        assert_eq!(away.packet().await.0, 0x20);
+        away.send(&subscribe(4, 1, "$share/g/sh/#", 1)).await;
+        assert_eq!(away.packet().await, (0x90, vec![0, 1, 1]));
+        let mut other = connected(&node, 4).await;
+        other.send(&subscribe(4, 1, "$share/g/sh/#", 0)).await;
+        assert_eq!(other.packet().await, (0x90, vec![0, 1, 0]));
+        away.end();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut publisher = connected(&node, 4).await;
+        let payload = |p: (u8, Vec<u8>)| *p.1.last().unwrap();
+        for i in b'0'..b'4' {
+            publisher.send(&publish(4, 0, false, "sh/x", 0, &[i])).await;
+        }
+        for i in b'0'..b'4' {
+            assert_eq!(payload(other.packet().await), i, "the member still there");
+        }
+        let mut back = Client::new(&node).await;
+        back.send(&connect_persistent("member")).await;
+        assert_eq!(back.packet().await, (0x20, vec![1, 0]), "session present");
+        back.quiet().await;
+        // Back in the group with no SUBSCRIBE, at QoS 1: one message each.
+        for i in [b'4', b'5'] {
+            publisher.send(&publish(4, 0, false, "sh/x", 0, &[i])).await;
+        }
+        let (_, mine) = qos1_of(4, back.packet().await, false);
+        let theirs = payload(other.packet().await);
+        let mut both = [mine[0], theirs];
+        both.sort();
+        assert_eq!(both, [b'4', b'5']);
+        back.quiet().await;
+        other.quiet().await;
+    }
+
+    #[tokio::test]
+    async fn a_shared_subscriptions_unacknowledged_message_goes_with_its_session() {
+        let node = node().await;
+        let expiry = [0x11, 0, 0, 0, 60];
+        let mut first = Client::new(&node).await;
+        first.send(&connect5("sh", true, &expiry)).await;
+        assert_eq!(first.packet().await.0, 0x20);
+        first.send(&subscribe(5, 1, "$share/g/q", 1)).await;
+        assert_eq!(first.packet().await, (0x90, vec![0, 1, 0, 1]));
+        let mut publisher = connected(&node, 4).await;
+        publisher.send(&publish(4, 0, false, "q", 0, b"m")).await;
+        let sent = qos1_of(5, first.packet().await, false);
+        assert_eq!(sent.1, b"m");
+        let mut second = Client::new(&node).await;
+        second.send(&connect5("sh", false, &expiry)).await;
+        let (kind, body) = second.packet().await;
+        assert_eq!((kind, body[0]), (0x20, 1), "CONNACK, session present");
+        assert_eq!(first.packet().await.0, 0xE0, "DISCONNECT, taken over");
+        assert_eq!(
+            qos1_of(5, second.packet().await, true),
+            sent,
+            "sent again, DUP"
+        );
+        // Acknowledged, it returns the credit of the membership the session rejoined.
+        second.send(&packet(0x40, &sent.0.to_be_bytes())).await;
+        publisher.send(&publish(4, 0, false, "q", 0, b"n")).await;
+        assert_eq!(qos1_of(5, second.packet().await, false).1, b"n");
     }
 }

@@ -7,6 +7,7 @@ use crate::listener;
 use crate::node::Node;
 use crate::Config;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -79,7 +80,8 @@ async fn serve(config: Config) -> SocketAddr {
     })
     .unwrap();
     tokio::spawn(async move {
-        let stomp = |node: &Node| StompSession::new(Settings::of(&node.config), Framing::Stream);
+        let stomp =
+            |node: &Arc<Node>| StompSession::new(Settings::of(&node.config), Framing::Stream);
         listener::serve_stream(tcp, node, stomp, std::future::pending()).await
     });
     addr
