@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# herald's MQTT path beside its native path and beside Mosquitto 2.0, in the same minutes
-# (issue 28's bench): the Solace 3.1.2 scenario (20,000 topics, 20,000 msg/s, 100 subscriptions
+# herald's MQTT path beside its native path and beside Mosquitto 2.0, in the same minutes:
+# the Solace 3.1.2 scenario (20,000 topics, 20,000 msg/s, 100 subscriptions
 # and 100 msg/s per client, 50-byte payloads) in interleaved rounds herald-native, herald-mqtt,
 # mosquitto; every server on core 0, the bench on core 1. Prints each run's figures, the
 # medians over the rounds, and the ratios herald-mqtt / herald-native and herald-mqtt /
@@ -8,7 +8,7 @@
 #
 #   bench/mqtt-vs-mosquitto.sh [--clients N] [--duration SECS] [--warmup SECS] [--rounds R]
 #                              [--qos 0|1] [--bin HERALD] [--mosquitto PATH] [--out DIR]
-#                              [--scenario FILE]
+#                              [--scenario FILE] [--set KEY=VALUE]...
 #
 # Defaults: 1,000 clients, 30 s measured after 5 s of warm-up, 3 rounds, QoS 0,
 # target/release/herald, /usr/sbin/mosquitto, reports (JSON and Markdown per run) in a new
@@ -24,37 +24,23 @@
 # and are timed the same way: receive − send, from the send time in each payload.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/rounds.sh"
 
-clients=1000 duration=30 warmup=5 rounds=3 qos=0
-bin="$here/../target/release/herald"
+duration=30 qos=0
 mosquitto=/usr/sbin/mosquitto
-scenario="$here/scenarios/solace-3.1.2-very-high.toml"
-out=""
 while [ $# -gt 0 ]; do
+    if round_option "$@"; then shift 2; continue; fi
     case "$1" in
-        --clients) clients="$2"; shift 2 ;;
-        --duration) duration="$2"; shift 2 ;;
-        --warmup) warmup="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
         --qos) qos="$2"; shift 2 ;;
-        --bin) bin="$2"; shift 2 ;;
         --mosquitto) mosquitto="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
-        --scenario) scenario="$2"; shift 2 ;;
         -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-[ -x "$bin" ] || { echo "no herald binary at $bin (cargo build --release -p herald, or --bin)" >&2; exit 1; }
 [ -x "$mosquitto" ] || { echo "no mosquitto at $mosquitto (apt-get install mosquitto, or --mosquitto)" >&2; exit 1; }
-[ "$(nproc)" -ge 2 ] || { echo "needs two cores: the server on core 0, the bench on core 1" >&2; exit 1; }
-[ -n "$out" ] || out=$(mktemp -d /tmp/mqtt-vs-mosquitto.XXXXXX)
-mkdir -p "$out"
-work=$(mktemp -d)
+prepare_rounds
 mq_pid=""
-
-. "$here/rounds.sh"
-extra=(--set stamp=false --set mqtt_qos="$qos")
+extra+=(--set stamp=false --set mqtt_qos="$qos")
 
 cleanup() {
     if [ -n "$mq_pid" ]; then stop "$mq_pid"; fi

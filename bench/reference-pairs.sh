@@ -3,8 +3,7 @@
 # the Solace 3.1.2 scenario (20,000 topics, 100 subscriptions and 100 msg/s per client, 50-byte
 # payloads) in interleaved rounds herald, reference, herald, reference, …; every server on
 # core 0, the bench on core 1. Prints each run's figures, the medians over the rounds, and the
-# ratios herald / reference of p99.9, p50 and the server's CPU per delivery (issue 31's
-# targets are these ratios).
+# ratios herald / reference of p99.9, p50 and the server's CPU per delivery.
 #
 #   bench/reference-pairs.sh [--clients N] [--duration SECS] [--warmup SECS] [--rounds R]
 #                            [--bin HERALD] [--out DIR] [--scenario FILE] [--set KEY=VALUE]...
@@ -18,35 +17,18 @@
 # core 1); the reference runs under `taskset -c 0`, measured with `--server-pid`.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/rounds.sh"
 
-clients=1000 duration=20 warmup=5 rounds=3
-bin="$here/../target/release/herald"
-scenario="$here/scenarios/solace-3.1.2-very-high.toml"
-out=""
-extra=()
 while [ $# -gt 0 ]; do
+    if round_option "$@"; then shift 2; continue; fi
     case "$1" in
-        --clients) clients="$2"; shift 2 ;;
-        --duration) duration="$2"; shift 2 ;;
-        --warmup) warmup="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
-        --bin) bin="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
-        --scenario) scenario="$2"; shift 2 ;;
-        --set) extra+=(--set "$2"); shift 2 ;;
         -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-[ -x "$bin" ] || { echo "no herald binary at $bin (cargo build --release -p herald, or --bin)" >&2; exit 1; }
-[ "$(nproc)" -ge 2 ] || { echo "needs two cores: the server on core 0, the bench on core 1" >&2; exit 1; }
+prepare_rounds
 make -s -C "$here/reference" epoll_fanout
-[ -n "$out" ] || out=$(mktemp -d /tmp/reference-pairs.XXXXXX)
-mkdir -p "$out"
-work=$(mktemp -d)
 ref_pid=""
-
-. "$here/rounds.sh"
 
 cleanup() {
     if [ -n "$ref_pid" ]; then stop "$ref_pid"; fi

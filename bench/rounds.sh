@@ -1,7 +1,38 @@
 # Shared by the interleaved-round scripts (bench/mqtt-vs-mosquitto.sh,
-# bench/reference-pairs.sh): sourced, not run. `run` reads the caller's bin, scenario, clients,
-# duration, warmup, rounds and out, and passes the caller's `extra` array (more `--set`s) to
-# every bench run.
+# bench/reference-pairs.sh, bench/workers-pairs.sh): sourced, not run, after the script sets
+# `here` to bench/. Their shared options and defaults, the checks before the rounds, and `run`,
+# which passes `extra` (more `--set`s) to every bench run.
+
+clients=1000 duration=20 warmup=5 rounds=3
+bin="$here/../target/release/herald"
+scenario="$here/scenarios/solace-3.1.2-very-high.toml"
+out=""
+extra=()
+
+# Takes one of the shared options, "$1" with its value "$2"; fails for any other.
+round_option() {
+    case "$1" in
+        --clients) clients="$2" ;;
+        --duration) duration="$2" ;;
+        --warmup) warmup="$2" ;;
+        --rounds) rounds="$2" ;;
+        --bin) bin="$2" ;;
+        --out) out="$2" ;;
+        --scenario) scenario="$2" ;;
+        --set) extra+=(--set "$2") ;;
+        *) return 1 ;;
+    esac
+}
+
+# After the options: the herald binary and two cores are there; `out` (a new directory under
+# /tmp named after the script, unless given) and `work` (scratch) exist.
+prepare_rounds() {
+    [ -x "$bin" ] || { echo "no herald binary at $bin (cargo build --release -p herald, or --bin)" >&2; exit 1; }
+    [ "$(nproc)" -ge 2 ] || { echo "needs two cores: the server on core 0, the bench on core 1" >&2; exit 1; }
+    [ -n "$out" ] || out=$(mktemp -d "/tmp/$(basename "$0" .sh).XXXXXX")
+    mkdir -p "$out"
+    work=$(mktemp -d)
+}
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a second worker thread costs herald (issue 31, "every core"): the Solace 3.1.2 scenario
+# What a second worker thread costs herald: the Solace 3.1.2 scenario
 # in interleaved rounds against herald with one worker thread on core 0 and herald with two
 # worker threads free to use both cores; the bench on core 1 in both. Prints each run's
 # figures, medians over the rounds, and the ratios two-workers / one-worker of p99.9, p50 and
@@ -13,34 +13,17 @@
 # frames/s is lifted, so the publisher is never cut off.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/rounds.sh"
 
-clients=1000 duration=20 warmup=5 rounds=3
-bin="$here/../target/release/herald"
-scenario="$here/scenarios/solace-3.1.2-very-high.toml"
-out=""
-extra=()
 while [ $# -gt 0 ]; do
+    if round_option "$@"; then shift 2; continue; fi
     case "$1" in
-        --clients) clients="$2"; shift 2 ;;
-        --duration) duration="$2"; shift 2 ;;
-        --warmup) warmup="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
-        --bin) bin="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
-        --scenario) scenario="$2"; shift 2 ;;
-        --set) extra+=(--set "$2"); shift 2 ;;
         -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-[ -x "$bin" ] || { echo "no herald binary at $bin (cargo build --release -p herald, or --bin)" >&2; exit 1; }
-[ "$(nproc)" -ge 2 ] || { echo "needs two cores" >&2; exit 1; }
-[ -n "$out" ] || out=$(mktemp -d /tmp/workers-pairs.XXXXXX)
-mkdir -p "$out"
-work=$(mktemp -d)
+prepare_rounds
 server_pid=""
-
-. "$here/rounds.sh"
 
 cleanup() {
     if [ -n "$server_pid" ]; then stop "$server_pid"; fi
