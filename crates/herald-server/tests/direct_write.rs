@@ -72,22 +72,13 @@ async fn concurrent_publishers_and_writer_tasks_never_interleave() {
         subs.push(sub);
     }
     let per_publisher = 300u64;
-    let mut publishers = Vec::new();
-    for p in 0..2 {
-        let mut publisher = server.connect().await;
-        publishers.push(tokio::spawn(async move {
-            for i in 0..per_publisher {
-                let msg = json!({"op": "pub", "topic": format!("fan/{p}"), "data": i.to_string()});
-                send(&mut publisher, msg).await;
-            }
-            send(&mut publisher, json!({"op": "ping", "id": p})).await;
-            while recv_json(&mut publisher).await["op"] != "pong" {}
-            publisher
-        }));
-    }
-    for p in publishers {
-        p.await.unwrap();
-    }
+    publish_at_once(
+        &server,
+        2,
+        |p, i| json!({"op": "pub", "topic": format!("fan/{p}"), "data": i.to_string()}),
+        per_publisher as usize,
+    )
+    .await;
     for sub in &mut subs {
         let mut next = [0u64; 2];
         for _ in 0..2 * per_publisher {
@@ -120,23 +111,16 @@ async fn publishers_sharing_topics_on_two_workers_keep_numbering_and_order() {
         subscribe(&mut sub, if s % 2 == 0 { "shared/>" } else { "shared/*" }).await;
         subs.push(sub);
     }
-    let mut publishers = Vec::new();
-    for p in 0..PUBLISHERS {
-        let mut publisher = server.connect().await;
-        publishers.push(tokio::spawn(async move {
-            for i in 0..EACH {
-                let topic = format!("shared/{}", (i + p) % TOPICS);
-                let msg = json!({"op": "pub", "topic": topic, "data": format!("{p}:{i}")});
-                send(&mut publisher, msg).await;
-            }
-            send(&mut publisher, json!({"op": "ping", "id": p})).await;
-            while recv_json(&mut publisher).await["op"] != "pong" {}
-            publisher
-        }));
-    }
-    for p in publishers {
-        p.await.unwrap();
-    }
+    publish_at_once(
+        &server,
+        PUBLISHERS,
+        |p, i| {
+            let topic = format!("shared/{}", (i + p) % TOPICS);
+            json!({"op": "pub", "topic": topic, "data": format!("{p}:{i}")})
+        },
+        EACH,
+    )
+    .await;
     for sub in &mut subs {
         let mut next_seq = [1u64; TOPICS];
         // Per publisher and topic, the last message number seen.
@@ -162,6 +146,31 @@ async fn publishers_sharing_topics_on_two_workers_keep_numbering_and_order() {
             .all(|&n| n == 1 + (PUBLISHERS * EACH / TOPICS) as u64));
     }
     server.stop().await;
+}
+
+/// `publishers` connections each send `each` publishes (`publish(p, i)` makes publisher `p`'s
+/// `i`th) from a task of their own, at once; returns when herald has read them all (each
+/// publisher's ping answered).
+async fn publish_at_once(
+    server: &TestServer,
+    publishers: usize,
+    publish: impl Fn(usize, usize) -> serde_json::Value + Copy + Send + 'static,
+    each: usize,
+) {
+    let mut tasks = Vec::new();
+    for p in 0..publishers {
+        let mut publisher = server.connect().await;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..each {
+                send(&mut publisher, publish(p, i)).await;
+            }
+            send(&mut publisher, json!({"op": "ping", "id": p})).await;
+            while recv_json(&mut publisher).await["op"] != "pong" {}
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
 
 /// A client may send its first frame in the same packet as its handshake: hyper has then read

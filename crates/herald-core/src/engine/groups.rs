@@ -424,16 +424,8 @@ mod tests {
     }
 
     fn publish(e: &mut Engine<Seen>, topic: &str, data: &str) -> Published {
-        let p = Publish {
-            id: None,
-            topic: topic.into(),
-            payload: Bytes::copy_from_slice(data.as_bytes()),
-            kind: PayloadKind::Text,
-            content_type: None,
-            stamp: false,
-            extras: None,
-        };
-        e.publish(&p, 1).unwrap()
+        e.publish(&crate::engine::tests::text(topic, data), 1)
+            .unwrap()
     }
 
     fn members(e: &mut Engine<Seen>, n: usize, pattern: &str, group: &str) -> Vec<(ConnId, Seen)> {

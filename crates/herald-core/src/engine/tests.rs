@@ -64,7 +64,7 @@ fn req(
 }
 
 /// A plain text publish of `data` on `topic`.
-fn text(topic: &str, data: &str) -> Publish {
+pub(super) fn text(topic: &str, data: &str) -> Publish {
     Publish {
         id: None,
         topic: topic.into(),
