@@ -25,23 +25,23 @@ import java.util.stream.Stream;
  * One {@code herald serve} process on a free loopback port, started from the binary that
  * {@code HERALD_BIN} (or the system property {@code herald.bin}) names, stopped with SIGTERM and
  * required to exit 0. With {@link #secured} it authenticates tokens signed with a secret of its
- * own, which {@link #token} mints through {@code herald token}.
+ * own, which {@link #token} mints through {@code herald token}; with {@link #tls} it speaks only
+ * TLS, with a self-signed {@link #certificate} of its own ({@code https://}, {@code wss://}).
  */
 final class Herald implements AutoCloseable {
     /** Seconds for herald to become healthy, and to exit after SIGTERM. */
     static final long STARTUP_SECONDS = 10;
 
-    private static final HttpClient HTTP = HttpClient.newBuilder()
-            .connectTimeout(Duration.ofSeconds(3))
-            .build();
-
     final int port;
+    /** herald's TLS certificate; {@code null} without TLS. */
+    final Certificate certificate;
     private final Path dir;
     private final Path log;
     private final Path secret;
+    private final HttpClient http;
     private final Process process;
 
-    private Herald(String config, boolean secured) throws Exception {
+    private Herald(String config, boolean secured, boolean tls) throws Exception {
         dir = Files.createTempDirectory("herald-spring-");
         log = dir.resolve("herald.log");
         Path toml = dir.resolve("herald.toml");
@@ -58,6 +58,16 @@ final class Herald implements AutoCloseable {
         } else {
             secret = null;
         }
+        HttpClient.Builder client = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(3));
+        if (tls) {
+            certificate = Certificate.selfSigned(dir);
+            command.addAll(List.of("--tls-cert-file", certificate.cert().toString(),
+                    "--tls-key-file", certificate.key().toString()));
+            client.sslContext(certificate.trustingIt());
+        } else {
+            certificate = null;
+        }
+        http = client.build();
         process = new ProcessBuilder(command)
                 .redirectErrorStream(true)
                 .redirectOutput(log.toFile())
@@ -67,12 +77,18 @@ final class Herald implements AutoCloseable {
 
     /** herald with auth off and {@code config} as its TOML. */
     static Herald open(String config) throws Exception {
-        return new Herald(config, false);
+        return new Herald(config, false, false);
     }
 
     /** herald with auth on (HS256 tokens) and {@code config} as its TOML. */
     static Herald secured(String config) throws Exception {
-        return new Herald(config, true);
+        return new Herald(config, true, false);
+    }
+
+    /** herald with TLS on its listener (a self-signed certificate), auth off and {@code config}
+     * as its TOML. */
+    static Herald tls(String config) throws Exception {
+        return new Herald(config, false, true);
     }
 
     private static String bin() {
@@ -92,6 +108,7 @@ final class Herald implements AutoCloseable {
 
     private void waitHealthy() throws Exception {
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(STARTUP_SECONDS);
+        IOException last = null;
         while (System.nanoTime() < deadline) {
             if (!process.isAlive()) {
                 fail("herald exited early (" + process.exitValue() + "):\n" + output());
@@ -100,25 +117,25 @@ final class Herald implements AutoCloseable {
                 HttpRequest get = HttpRequest.newBuilder(URI.create(http("/healthz")))
                         .timeout(Duration.ofSeconds(1))
                         .build();
-                if (HTTP.send(get, HttpResponse.BodyHandlers.discarding()).statusCode() == 200) {
+                if (http.send(get, HttpResponse.BodyHandlers.discarding()).statusCode() == 200) {
                     return;
                 }
             } catch (IOException notYet) {
-                // not listening yet
+                last = notYet; // not listening yet, or (with TLS) a certificate the client refuses
             }
             Thread.sleep(50);
         }
         process.destroyForcibly();
-        fail("herald did not answer /healthz within " + STARTUP_SECONDS + " s:\n" + output());
+        fail("herald did not answer /healthz within " + STARTUP_SECONDS + " s (last: " + last + "):\n" + output());
     }
 
     String http(String path) {
-        return "http://127.0.0.1:" + port + path;
+        return (certificate == null ? "http" : "https") + "://127.0.0.1:" + port + path;
     }
 
     /** The STOMP over WebSocket endpoint. */
     String stompUrl() {
-        return "ws://127.0.0.1:" + port + "/stomp";
+        return (certificate == null ? "ws" : "wss") + "://127.0.0.1:" + port + "/stomp";
     }
 
     /** {@code POST /api/publish/{topic}}: herald's own HTTP publish; returns the status. */
@@ -128,7 +145,7 @@ final class Herald implements AutoCloseable {
                 .header("Content-Type", contentType)
                 .POST(HttpRequest.BodyPublishers.ofByteArray(body))
                 .build();
-        HttpResponse<String> r = HTTP.send(post, HttpResponse.BodyHandlers.ofString());
+        HttpResponse<String> r = http.send(post, HttpResponse.BodyHandlers.ofString());
         assertEquals(200, r.statusCode(), r.body());
         return r.statusCode();
     }

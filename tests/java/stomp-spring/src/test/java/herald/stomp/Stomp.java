@@ -14,6 +14,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import javax.net.ssl.SSLContext;
 import org.springframework.messaging.simp.stomp.StompCommand;
 import org.springframework.messaging.simp.stomp.StompFrameHandler;
 import org.springframework.messaging.simp.stomp.StompHeaders;
@@ -40,12 +41,23 @@ final class Stomp implements AutoCloseable {
     private final ThreadPoolTaskScheduler scheduler = new ThreadPoolTaskScheduler();
 
     /** A client whose sessions offer to send a heart-beat every {@code sendEvery} ms and to
-     * receive one every {@code receiveEvery} ms (the CONNECT header {@code heart-beat}). */
+     * receive one every {@code receiveEvery} ms (the CONNECT header {@code heart-beat}); over
+     * {@code wss://} it trusts what the JVM's trust store trusts. */
     Stomp(long sendEvery, long receiveEvery) {
+        this(sendEvery, receiveEvery, null);
+    }
+
+    /** As {@link #Stomp(long, long)}, but over {@code wss://} it trusts what {@code tls} trusts
+     * ({@code null}: the JVM's trust store). */
+    Stomp(long sendEvery, long receiveEvery, SSLContext tls) {
         WebSocketContainer container = ContainerProvider.getWebSocketContainer();
         container.setDefaultMaxBinaryMessageBufferSize(MAX_MESSAGE);
         container.setDefaultMaxTextMessageBufferSize(MAX_MESSAGE);
-        client = new WebSocketStompClient(new StandardWebSocketClient(container));
+        StandardWebSocketClient webSocket = new StandardWebSocketClient(container);
+        if (tls != null) {
+            webSocket.setSslContext(tls); // Tomcat's client takes it from the endpoint config
+        }
+        client = new WebSocketStompClient(webSocket);
         client.setInboundMessageSizeLimit(MAX_MESSAGE);
         scheduler.setPoolSize(2);
         scheduler.setThreadNamePrefix("stomp-heart-beat-");
@@ -77,6 +89,19 @@ final class Stomp implements AutoCloseable {
             // Spring fails the future when herald closes after its ERROR.
         }
         return s;
+    }
+
+    /** Connects to {@code url}, which must fail before any STOMP frame (in the TCP, TLS or
+     * WebSocket handshake): returns why. */
+    Throwable unreachable(String url) throws Exception {
+        Session s = new Session();
+        CompletableFuture<StompSession> f = client.connectAsync(url, new WebSocketHttpHeaders(), new StompHeaders(), s);
+        try {
+            f.get(STEP, TimeUnit.SECONDS);
+        } catch (java.util.concurrent.ExecutionException expected) {
+            return expected.getCause();
+        }
+        throw new AssertionError("connected to " + url);
     }
 
     @Override
