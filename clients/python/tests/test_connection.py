@@ -133,7 +133,7 @@ async def test_the_installed_websockets_gets_the_connection_and_the_frame_reader
         assert isinstance(ws, Connection)
         protocol: Protocol = ws.protocol
         assert type(protocol.reader) is BoundaryReader
-        # The transport reads through get_buffer (BufferedProtocol), so large payloads land in place.
+        # asyncio's transport reads through get_buffer (BufferedProtocol): large payloads land in place.
         assert isinstance(ws.transport.get_protocol(), asyncio.BufferedProtocol)
         sub = await h.subscribe("reader/big")
         # herald answered the first request: from then on the client's reader reads.

@@ -10,8 +10,9 @@ moves thousands of messages a second, or images of many MiB, more than the proto
   transport's callback, instead of being queued for a task that `recv()`s it and hands it on: no
   task switch per message. Once the handshake is done the client splits the data frames out of
   what the socket gives itself, and websockets parses only the control frames (`_reader.py`). The
-  connection is an asyncio `BufferedProtocol`, so the kernel reads small frames into one reused
-  buffer and a large payload straight into its own.
+  connection is an asyncio `BufferedProtocol`, so on asyncio's transports the kernel reads small
+  frames into one reused buffer and a large payload straight into its own (uvloop's transports
+  hand it bytes instead, and a large payload is copied into its buffer).
 - **Out:** a whole message is framed, masked and written to the transport at once (`write_now`),
   without the per-send context manager, lock and drain of `send()` or the frame object, checks and
   `BytesIO` of websockets' serializer, and awaits only when the transport's buffer is full. Credit
@@ -108,12 +109,16 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._in_space:
             self._frames.filled(nbytes)
-            return
-        data = self._scratch[:nbytes]
+        else:
+            self.data_received(self._scratch[:nbytes])  # type: ignore[arg-type]  # nothing keeps it
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes from the socket: from `buffer_updated`, or from a transport that does not read
+        through `get_buffer` (uvloop's, as the connection is also an `asyncio.Protocol`)."""
         if self._own:
             self._frames.feed(data)
             return
-        self.data_received(data)  # type: ignore[arg-type]  # it copies what it keeps
+        super().data_received(data)  # websockets copies what it keeps
         reader = self._boundary
         if (
             reader is not None
@@ -164,7 +169,7 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
     def _other_frame(self, raw: bytes) -> bool:
         """A control frame, or bytes that are no valid data frame: websockets reads them (answers
         a ping, closes, fails the connection). False once the connection is no longer open."""
-        self.data_received(raw)
+        super().data_received(raw)
         return self.protocol.state is State.OPEN
 
     def _fail(self, code: CloseCode, reason: str) -> bool:
