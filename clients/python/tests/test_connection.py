@@ -133,8 +133,10 @@ async def test_the_installed_websockets_gets_the_connection_and_the_frame_reader
         assert isinstance(ws, Connection)
         protocol: Protocol = ws.protocol
         assert type(protocol.reader) is BoundaryReader
-        # asyncio's transport reads through get_buffer (BufferedProtocol): large payloads land in place.
-        assert isinstance(ws.transport.get_protocol(), asyncio.BufferedProtocol)
+        # The transport reads through get_buffer (a BufferedProtocol only, on asyncio and uvloop alike):
+        # large payloads land in place.
+        protocol_seen = ws.transport.get_protocol()
+        assert isinstance(protocol_seen, asyncio.BufferedProtocol) and not isinstance(protocol_seen, asyncio.Protocol)
         sub = await h.subscribe("reader/big")
         # herald answered the first request: from then on the client's reader reads.
         assert ws._own
@@ -319,6 +321,9 @@ class Transport(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written.append(bytes(data))
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
 
     def can_write_eof(self) -> bool:
         return True

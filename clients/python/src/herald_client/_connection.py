@@ -106,6 +106,13 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         self._in_space = space is not None
         return self._scratch if space is None else space
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # A transport that is given a protocol which is also an `asyncio.Protocol` (this one is,
+        # as websockets' connection) may read through `data_received` (uvloop's do): with only a
+        # `BufferedProtocol` in front of it, every transport reads through `get_buffer`.
+        transport.set_protocol(_Reads(self))
+
     def buffer_updated(self, nbytes: int) -> None:
         if self._in_space:
             self._frames.filled(nbytes)
@@ -113,8 +120,7 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
             self.data_received(self._scratch[:nbytes])  # type: ignore[arg-type]  # nothing keeps it
 
     def data_received(self, data: bytes) -> None:
-        """Bytes from the socket: from `buffer_updated`, or from a transport that does not read
-        through `get_buffer` (uvloop's, as the connection is also an `asyncio.Protocol`)."""
+        """Bytes from the socket: what `buffer_updated` read into the reused buffer."""
         if self._own:
             self._frames.feed(data)
             return
@@ -264,3 +270,29 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
 
 
 _DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+
+
+class _Reads(asyncio.BufferedProtocol):
+    """What the transport calls: the connection's reading, closing and flow control, as a
+    `BufferedProtocol` only."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._connection.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._connection.buffer_updated(nbytes)
+
+    def eof_received(self) -> None:
+        self._connection.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._connection.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._connection.resume_writing()

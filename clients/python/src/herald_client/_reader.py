@@ -141,6 +141,7 @@ class FrameReader:
 
     def feed(self, data: bytes | memoryview) -> None:
         """Bytes from the socket (not written into `space()`)."""
+        data = memoryview(data)  # its slices are views, where slices of bytes are copies
         into = self._into
         if into is not None:  # the rest of a large payload, then what follows it
             n = min(len(data), len(into) - self._held)
@@ -153,7 +154,7 @@ class FrameReader:
             self._on_other(bytes(data))
             return
         if self._partial:
-            data = self._partial + data
+            data = memoryview(self._partial + data)
             self._partial = b""
         end = len(data)
         at = 0
