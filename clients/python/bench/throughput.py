@@ -16,6 +16,7 @@ the subscriber (this process) is `lossless` with a window of `--window` images. 
 
 Each size runs for `--seconds`; images/s is counted at the subscriber between its first and last
 image, and every image is checked for its size and its place in the sequence (nothing lost).
+With `--uvloop` both processes run on uvloop's event loop (the package's `uvloop` extra).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 async def run_size(
-    url: str, side: int, seconds: float, window: int, acked: bool, herald_pid: int | None
+    url: str, side: int, seconds: float, window: int, acked: bool, uvloop: bool, herald_pid: int | None
 ) -> dict[str, float]:
     size = side * side * 2
     async with herald_client.connect(url) as h:
@@ -90,6 +91,7 @@ async def run_size(
             "--seconds",
             str(seconds),
             *(["--acked"] if acked else []),
+            *(["--uvloop"] if uvloop else []),
             stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.PIPE,
         )
@@ -194,7 +196,9 @@ async def main(args: argparse.Namespace) -> None:
     try:
         results = []
         for window, side in [(w, s) for w in args.window for s in args.sizes]:
-            r = await run_size(url, side, args.seconds, window, args.acked, proc.pid if proc is not None else None)
+            r = await run_size(
+                url, side, args.seconds, window, args.acked, args.uvloop, proc.pid if proc is not None else None
+            )
             results.append(r)
             print(
                 f"{'acked, ' * args.acked}window {window}, {side}² × 2 bytes: "
@@ -227,7 +231,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--acked", action="store_true", help="publish each image once the subscriber has the previous one"
     )
+    parser.add_argument("--uvloop", action="store_true", help="run both processes on uvloop's event loop")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--publisher", action="store_true", help=argparse.SUPPRESS)  # the child process
-    asyncio.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        uvloop.run(main(args))
+    else:
+        asyncio.run(main(args))
     sys.exit(0)

@@ -178,12 +178,18 @@ class Proxy:
 def run_async(
     budget: float = BUDGET,
 ) -> Callable[[Callable[..., Coroutine[Any, Any, None]]], Callable[..., None]]:
-    """Runs an `async def` test to completion within `budget` seconds."""
+    """Runs an `async def` test to completion within `budget` seconds, on uvloop's event loop
+    with HERALD_TEST_LOOP=uvloop, else on asyncio's."""
 
     def decorate(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> None:
-            asyncio.run(asyncio.wait_for(fn(*args, **kwargs), budget))
+            run = asyncio.run
+            if os.environ.get("HERALD_TEST_LOOP") == "uvloop":
+                import uvloop
+
+                run = uvloop.run
+            run(asyncio.wait_for(fn(*args, **kwargs), budget))
 
         return wrapper
 

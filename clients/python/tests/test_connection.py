@@ -1,8 +1,10 @@
-"""The connection and its payload reader (herald_client/_connection.py, _reader.py): frames parse
-as through websockets' own reader whatever the chunks they arrive in, large payloads land in
-buffers of their own that are used again only once nothing refers to them, messages are handed
-over whole and written as masked frames websockets parses back, and the installed websockets is
-one these apply to (a websockets whose internals changed is caught here)."""
+"""The connection and its frame reader (herald_client/_connection.py, _reader.py): frames read as
+websockets parses them whatever the chunks they arrive in, large payloads land in buffers of their
+own that are used again only once nothing refers to them, the client reads data frames once the
+handshake is done while websockets still answers pings, closes and fails the connection on a bad
+frame, messages are handed over whole and written as masked frames websockets parses back, and
+the installed websockets is one these apply to (a websockets whose internals changed is caught
+here)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import asyncio
 import os
 import random
 import sys
-from collections.abc import Generator
 
 import pytest
 from conftest import Herald, run_async, within
@@ -21,64 +22,74 @@ from websockets.http11 import Response
 from websockets.protocol import Protocol, State
 from websockets.streams import StreamReader
 from websockets.uri import parse_uri
+from websockets.utils import accept_key
 
 import herald_client
 from herald_client._connection import FRAGMENT, Connection
-from herald_client._reader import LARGE, BufferPool, PayloadReader, install
+from herald_client._reader import LARGE, BoundaryReader, BufferPool, FrameReader
 
 CPYTHON_GIL = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 
-
-def payload_reader() -> PayloadReader:
-    reader = install(StreamReader(), BufferPool())
-    assert reader is not None
-    return reader
+Shape = tuple[Opcode, bool, bytes]
 
 
-def parse_all(reader: StreamReader, wire: bytes, chunks: list[int], into_space: bool = False) -> list[Frame]:
-    """Feeds `wire` to `reader` in pieces of the sizes in `chunks` (cycled), parsing frames. With
+def read_all(wire: bytes, chunks: list[int], into_space: bool) -> list[Shape]:
+    """Feeds `wire` to a `FrameReader` in pieces of the sizes in `chunks` (cycled). With
     `into_space`, bytes the reader has room for in a large payload's buffer are written there, as
-    the connection has the kernel do."""
-    frames: list[Frame] = []
+    the connection has the kernel do. Data frames and the others (each parsed by websockets from
+    the bytes handed on, which must be one whole frame) in the order they came."""
+    frames: list[Shape] = []
 
-    def parser() -> Generator[None, None, None]:
-        while True:
-            frame = yield from Frame.parse(reader.read_exact, mask=False)
-            frames.append(frame)
+    def on_data(first: int, payload: bytes | bytearray) -> bool:
+        # A large payload is a buffer of its own, the size of the payload.
+        assert type(payload) is (bytearray if len(payload) >= LARGE else bytes)
+        frames.append((Opcode(first & 0x0F), bool(first & 0x80), bytes(payload)))
+        return True
 
-    gen = parser()
-    next(gen)
+    def on_other(raw: bytes) -> bool:
+        reader = StreamReader()
+        reader.feed_data(raw)
+        reader.feed_eof()
+        parse = Frame.parse(reader.read_exact, mask=False)
+        with pytest.raises(StopIteration) as done:
+            next(parse)
+        assert not reader.buffer
+        frames.append(shape([done.value.value])[0])
+        return True
+
+    frames_reader = FrameReader(BufferPool(), on_data, on_other)
     at, i = 0, 0
     while at < len(wire):
         n = chunks[i % len(chunks)]
-        space = reader.space() if into_space and isinstance(reader, PayloadReader) else None
+        space = frames_reader.space() if into_space else None
         if space is not None:
-            assert isinstance(reader, PayloadReader)
             n = min(n, len(space), len(wire) - at)
             space[:n] = wire[at : at + n]
-            if reader.filled(n):
-                next(gen)
+            frames_reader.filled(n)
         else:
-            reader.feed_data(wire[at : at + n])
-            next(gen)
+            frames_reader.feed(memoryview(wire[at : at + n]))
         at, i = at + n, i + 1
     return frames
 
 
-def shape(frames: list[Frame]) -> list[tuple[Opcode, bool, bytes]]:
+def shape(frames: list[Frame]) -> list[Shape]:
     return [(f.opcode, f.fin, bytes(f.data)) for f in frames]
 
 
-def test_large_and_small_frames_in_any_chunks_parse_as_websockets_own_reader_does() -> None:
+def test_large_and_small_frames_in_any_chunks_read_as_websockets_parses_them() -> None:
     rng = random.Random(5)
     sent = [
         Frame(Opcode.TEXT, b'{"op":"pong"}'),
         Frame(Opcode.BINARY, os.urandom(LARGE), fin=False),
+        Frame(Opcode.PING, b"are you there"),
         Frame(Opcode.CONT, os.urandom(3 * LARGE + 17)),
         Frame(Opcode.BINARY, os.urandom(LARGE - 1)),
         Frame(Opcode.BINARY, b""),
+        Frame(Opcode.PONG, b""),
         Frame(Opcode.BINARY, os.urandom(2 * LARGE)),
         Frame(Opcode.TEXT, b"x" * 100),
+        Frame(Opcode.BINARY, os.urandom(300)),
+        Frame(Opcode.CLOSE, b"\x03\xe8bye"),
     ]
     wire = b"".join(f.serialize(mask=False) for f in sent)
     every = [
@@ -87,27 +98,12 @@ def test_large_and_small_frames_in_any_chunks_parse_as_websockets_own_reader_doe
         [1, 1, 1, 3 * 65536 + 5],  # a few bytes at a time, then larger
         [LARGE - 3, 7],
         [rng.randrange(1, 300_000) for _ in range(50)],
+        [rng.randrange(1, 20) for _ in range(50)],
         [len(wire)],  # all at once
     ]
     for chunks in every:
-        theirs = parse_all(StreamReader(), wire, chunks)
         for into_space in (False, True):
-            ours = parse_all(payload_reader(), wire, chunks, into_space)
-            assert shape(ours) == shape(theirs) == shape(sent)
-            # A large payload is a buffer of its own, the size of the payload.
-            assert all(type(f.data) is bytearray for f in ours if len(f.data) >= LARGE)
-
-
-def test_the_stream_ending_inside_a_large_frame_is_an_eof_error() -> None:
-    reader = payload_reader()
-    wire = Frame(Opcode.BINARY, bytes(2 * LARGE)).serialize(mask=False)
-    gen = Frame.parse(reader.read_exact, mask=False)
-    next(gen)
-    reader.feed_data(wire[: LARGE + 10])
-    next(gen)
-    reader.feed_eof()
-    with pytest.raises(EOFError):
-        next(gen)
+            assert read_all(wire, chunks, into_space) == shape(sent)
 
 
 @pytest.mark.skipif(not CPYTHON_GIL, reason="buffers are reused only where reference counts are exact")
@@ -131,15 +127,19 @@ def test_the_pool_lends_a_buffer_again_only_once_nothing_refers_to_it() -> None:
 
 
 @run_async()
-async def test_the_installed_websockets_gets_the_connection_and_the_payload_reader(herald: Herald) -> None:
+async def test_the_installed_websockets_gets_the_connection_and_the_frame_reader(herald: Herald) -> None:
     async with herald_client.connect(herald.url) as h:
         ws = h._ws
         assert isinstance(ws, Connection)
         protocol: Protocol = ws.protocol
-        assert type(protocol.reader) is PayloadReader
-        # The transport reads through get_buffer (BufferedProtocol), so large payloads land in place.
-        assert isinstance(ws.transport.get_protocol(), asyncio.BufferedProtocol)
+        assert type(protocol.reader) is BoundaryReader
+        # The transport reads through get_buffer (a BufferedProtocol only, on asyncio and uvloop alike):
+        # large payloads land in place.
+        protocol_seen = ws.transport.get_protocol()
+        assert isinstance(protocol_seen, asyncio.BufferedProtocol) and not isinstance(protocol_seen, asyncio.Protocol)
         sub = await h.subscribe("reader/big")
+        # herald answered the first request: from then on the client's reader reads.
+        assert ws._own
         payload = os.urandom(5 * LARGE + 3)
         text = "é" * (LARGE // 2 + 1000)  # a text frame over LARGE bytes
         await h.publish("reader/big", payload)
@@ -149,6 +149,9 @@ async def test_the_installed_websockets_gets_the_connection_and_the_payload_read
         assert m.data == payload
         assert (await within(sub.__anext__())).data == b"small"
         assert (await within(sub.__anext__())).data == text
+        # websockets still answers pings and sees pongs: its keepalive round trip completes.
+        pong = await ws.ping()
+        assert await within(pong) >= 0
 
 
 @run_async()
@@ -228,6 +231,78 @@ async def test_what_the_connection_writes_is_masked_frames_of_the_messages() -> 
     assert len(keys) >= 6
 
 
+def receive(ws: Connection, wire: bytes, chunk: int = 1000) -> None:
+    """`wire` from the socket, read as the transport reads: into `get_buffer()`, `chunk` bytes at
+    most at a time."""
+    at = 0
+    while at < len(wire):
+        space = ws.get_buffer(-1)
+        n = min(chunk, len(space), len(wire) - at)
+        space[:n] = wire[at : at + n]
+        ws.buffer_updated(n)
+        at += n
+
+
+def handshaken(written: list[bytes]) -> Connection:
+    """A connection whose handshake's response came through `buffer_updated`."""
+    protocol = ClientProtocol(parse_uri("ws://127.0.0.1/ws"))
+    request = protocol.connect()
+    protocol.send_request(request)
+    ws = Connection(protocol)
+    ws.connection_made(Transport(written))
+    key = accept_key(request.headers["Sec-WebSocket-Key"])
+    response = (
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Accept: {key}\r\n\r\n"
+    )
+    receive(ws, response.encode())
+    assert ws.protocol.state is State.OPEN
+    return ws
+
+
+@run_async()
+async def test_after_the_handshake_the_client_reads_data_frames_and_websockets_the_rest() -> None:
+    written: list[bytes] = []
+    ws = handshaken(written)
+    got: list[str | bytes | bytearray] = []
+    ws.attach(got.append)
+    big = os.urandom(2 * LARGE + 5)
+    wire = b"".join(
+        f.serialize(mask=False)
+        for f in [
+            Frame(Opcode.TEXT, b'{"op":"pong"}'),
+            Frame(Opcode.BINARY, big[:1000], fin=False),
+            Frame(Opcode.PING, b"hi"),
+            Frame(Opcode.CONT, big[1000:]),
+        ]
+    )
+    receive(ws, wire, chunk=777)
+    assert ws._own
+    assert got == ['{"op":"pong"}', big]
+    # websockets answered the ping, masked, with its payload.
+    assert written and written[-1][0] == 0x8A and len(written[-1]) == 2 + 4 + 2
+    # A continuation without a start fails the connection; what follows goes to websockets.
+    receive(ws, Frame(Opcode.CONT, b"x").serialize(mask=False) + Frame(Opcode.TEXT, b"late").serialize(mask=False))
+    assert ws.protocol.state is State.CLOSING and got == ['{"op":"pong"}', big]
+    assert ws.protocol.close_sent is not None and ws.protocol.close_sent.code == CloseCode.PROTOCOL_ERROR
+
+
+@run_async()
+async def test_a_masked_frame_from_the_server_fails_the_connection_and_a_close_is_answered() -> None:
+    written: list[bytes] = []
+    ws = handshaken(written)
+    receive(ws, Frame(Opcode.BINARY, b"x" * 10).serialize(mask=True))
+    assert ws.protocol.state is State.CLOSING
+    assert ws.protocol.close_sent is not None and ws.protocol.close_sent.code == CloseCode.PROTOCOL_ERROR
+    written.clear()
+    ws = handshaken(written)
+    receive(
+        ws, Frame(Opcode.TEXT, b"{}").serialize(mask=False) + Frame(Opcode.CLOSE, b"\x03\xe8").serialize(mask=False)
+    )
+    assert ws.protocol.state is State.CLOSING and ws.protocol.close_rcvd is not None
+    assert written and written[-1][0] == 0x88  # the close echoed
+
+
 def open_connection(written: list[bytes]) -> Connection:
     """A connection as after the handshake, writing into `written`."""
     ws = Connection(ClientProtocol(parse_uri("ws://127.0.0.1/ws")))
@@ -246,6 +321,9 @@ class Transport(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written.append(bytes(data))
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
 
     def can_write_eof(self) -> bool:
         return True

@@ -51,6 +51,7 @@ from ._types import (
     decode_frame,
     decode_head,
     encode_head,
+    encode_json,
     topic_matches,
 )
 
@@ -639,7 +640,7 @@ class Client:
             raise NotConnected("not connected")
         try:
             if binary is None:
-                await ws.send_message(json.dumps(body, separators=(",", ":")).encode(), text=True)
+                await ws.send_message(encode_json(body), text=True)
             elif len(binary) < _JOIN_BELOW:
                 await ws.send_message(encode_head(body) + binary, text=False)
             else:

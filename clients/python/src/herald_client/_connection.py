@@ -8,8 +8,11 @@ moves thousands of messages a second, or images of many MiB, more than the proto
 
 - **In:** each message is handed to the client's `receiver` as soon as it is parsed, inside the
   transport's callback, instead of being queued for a task that `recv()`s it and hands it on: no
-  task switch per message. The connection is an asyncio `BufferedProtocol`, so the kernel reads
-  small frames into one reused buffer and a large payload straight into its own (`_reader.py`).
+  task switch per message. Once the handshake is done the client splits the data frames out of
+  what the socket gives itself, and websockets parses only the control frames (`_reader.py`). The
+  connection is an asyncio `BufferedProtocol`, so on asyncio's transports the kernel reads small
+  frames into one reused buffer and a large payload straight into its own (uvloop's transports
+  hand it bytes instead, and a large payload is copied into its buffer).
 - **Out:** a whole message is framed, masked and written to the transport at once (`write_now`),
   without the per-send context manager, lock and drain of `send()` or the frame object, checks and
   `BytesIO` of websockets' serializer, and awaits only when the transport's buffer is full. Credit
@@ -21,7 +24,7 @@ moves thousands of messages a second, or images of many MiB, more than the proto
 
 It relies on websockets' asyncio internals besides its public sans-I/O `Protocol`: the
 `create_connection` hook, `process_event`, `data_received`, `send_data`, `drain`, `paused` and
-`response`, the same from websockets 14 to 17 (tests/test_reader.py checks the installed one).
+`response`, the same from websockets 14 to 17 (tests/test_connection.py checks the installed one).
 """
 
 from __future__ import annotations
@@ -77,7 +80,12 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         self._fragments: list[bytes | bytearray] = []
         self._text = False
         self._scratch = memoryview(bytearray(_READ))
-        self._payloads = _reader.install(protocol.reader, _reader.BufferPool())
+        # Once the handshake is done and websockets' parser waits between frames, `_frames` reads
+        # instead of it (`_own`); `_in_space`: the last read went into a large payload's buffer.
+        self._boundary = _reader.install(protocol.reader)
+        self._frames = _reader.FrameReader(_reader.BufferPool(), self._data_frame, self._other_frame)
+        self._own = False
+        self._in_space = False
         # Set while a fragmented message is being written: nothing else may go between its frames.
         self._sending: asyncio.Future[None] | None = None
         self._keys = b""
@@ -94,28 +102,61 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
     # Reading
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        space = self._payloads.space() if self._payloads is not None else None
+        space = self._frames.space() if self._own else None
+        self._in_space = space is not None
         return self._scratch if space is None else space
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # A transport that is given a protocol which is also an `asyncio.Protocol` (this one is,
+        # as websockets' connection) may read through `data_received` (uvloop's do): with only a
+        # `BufferedProtocol` in front of it, every transport reads through `get_buffer`.
+        transport.set_protocol(_Reads(self))
+
     def buffer_updated(self, nbytes: int) -> None:
-        payloads = self._payloads
-        if payloads is not None and payloads.into is not None:
-            if payloads.filled(nbytes):
-                self.data_received(b"")  # the payload is complete: the parser goes on
+        if self._in_space:
+            self._frames.filled(nbytes)
+        else:
+            self.data_received(self._scratch[:nbytes])  # type: ignore[arg-type]  # nothing keeps it
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes from the socket: what `buffer_updated` read into the reused buffer."""
+        if self._own:
+            self._frames.feed(data)
             return
-        self.data_received(self._scratch[:nbytes])  # type: ignore[arg-type]  # it copies what it keeps
+        super().data_received(data)  # websockets copies what it keeps
+        reader = self._boundary
+        if (
+            reader is not None
+            and reader.between_frames
+            and not reader.buffer
+            and self.response is not None
+            and self.protocol.state is State.OPEN
+            and self.protocol.current_size is None
+        ):
+            self._own = True
 
     def process_event(self, event: Event) -> None:
         if self.response is None or not isinstance(event, Frame) or event.opcode not in _DATA:
             super().process_event(event)  # the handshake's response, and control frames
             return
-        if event.opcode is not Opcode.CONT:
-            self._text = event.opcode is Opcode.TEXT
-        # The parser gives `bytes` or `bytearray` (a large payload's own buffer, _reader.py).
         data = event.data if isinstance(event.data, (bytes, bytearray)) else bytes(event.data)
-        if not event.fin:
+        self._data_frame(event.opcode.value | (_FIN if event.fin else 0), data)
+
+    def _data_frame(self, first: int, data: bytes | bytearray) -> bool:
+        """A data frame (`first`: its first header byte): a message to the receiver once it is
+        whole. False when it fails the connection."""
+        opcode = first & 0x0F
+        if opcode == _CONT:
+            if not self._fragments:
+                return self._fail(CloseCode.PROTOCOL_ERROR, "unexpected continuation frame")
+        elif self._fragments:
+            return self._fail(CloseCode.PROTOCOL_ERROR, "expected a continuation frame")
+        else:
+            self._text = opcode == _TEXT
+        if not first & _FIN:
             self._fragments.append(data)
-            return
+            return True
         if self._fragments:
             data = b"".join([*self._fragments, data])
             self._fragments = []
@@ -124,13 +165,23 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
             try:
                 message = data.decode()
             except UnicodeDecodeError as e:
-                self.protocol.fail(CloseCode.INVALID_DATA, f"{e.reason} at position {e.start}")
-                self.send_data()
-                return
+                return self._fail(CloseCode.INVALID_DATA, f"{e.reason} at position {e.start}")
         if self._receiver is None:
             self._early.append(message)
         else:
             self._receiver(message)
+        return True
+
+    def _other_frame(self, raw: bytes) -> bool:
+        """A control frame, or bytes that are no valid data frame: websockets reads them (answers
+        a ping, closes, fails the connection). False once the connection is no longer open."""
+        super().data_received(raw)
+        return self.protocol.state is State.OPEN
+
+    def _fail(self, code: CloseCode, reason: str) -> bool:
+        self.protocol.fail(code, reason)
+        self.send_data()
+        return False
 
     # ----------------------------------------------------------------------------------------
     # Writing
@@ -219,3 +270,29 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
 
 
 _DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+
+
+class _Reads(asyncio.BufferedProtocol):
+    """What the transport calls: the connection's reading, closing and flow control, as a
+    `BufferedProtocol` only."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._connection.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._connection.buffer_updated(nbytes)
+
+    def eof_received(self) -> None:
+        self._connection.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._connection.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._connection.resume_writing()

@@ -1,39 +1,51 @@
-"""Large payloads read straight into buffers of their own, and those buffers used again.
+"""Reading herald's frames: once the connection is open, the data frames are split out of what the
+socket gives here instead of by websockets' parser, and large payloads are read straight into
+buffers of their own, used again.
 
-websockets' stream reader appends what the socket gives to one `bytearray` and slices each frame's
-payload out of it; its message assembler then joins the slices into `bytes`. For an image of a
-few MiB that is two copies after the kernel's, each into a new block as large as the image, and a
-new block of that size is mapped and page-faulted in afresh for almost every message, which costs
-more than the copies. This reader instead hands out, for a payload of `LARGE` bytes or more, a
-buffer the size of the payload (`PayloadReader.space`): the connection (`_connection.py`, an
-asyncio `BufferedProtocol`) has the kernel read into it, and the frame's payload is that buffer,
-not copied again.
+websockets' parser costs a small message more than the client's own handling of it: the bytes
+are appended to its reader's buffer, a chain of generators reads the header and the payload
+(copied out again), and a `Frame` goes through checks and an event list. `FrameReader` reads a
+frame's header where it lies and hands a data frame's payload on at once. Control frames (ping,
+pong, close) and anything it does not take for a valid data frame go to websockets whole, as the
+bytes they came as: its parser then always starts at a frame's first byte, and it still answers
+pings, runs the closing handshake and fails the connection on a protocol error.
 
-The buffers come from a `BufferPool` of a few, which lends one again once nothing but the pool
-refers to it: the message and every view of its payload are gone. So a subscriber that handles
-images one after another reads every one into memory already mapped. The reference count that
-tells is exact on CPython with its GIL; elsewhere (PyPy, a free-threaded build) every payload gets
-a new buffer.
+For a payload of `LARGE` bytes or more the reader hands out a buffer the size of the payload
+(`space`): the connection (`_connection.py`, an asyncio `BufferedProtocol`) has the kernel read
+into it, and the frame's payload is that buffer, not copied again. The buffers come from a
+`BufferPool` of a few, which lends one again once nothing but the pool refers to it: the message
+and every view of its payload are gone. So a subscriber that handles images one after another
+reads every one into memory already mapped, where a new block of the image's size would be
+mapped and page-faulted in afresh for almost every message. The reference count that tells is
+exact on CPython with its GIL; elsewhere (PyPy, a free-threaded build) every payload gets a new
+buffer.
 
-The reader takes the place of websockets' own by changing the class of the one a connection was
-made with (its state is kept: the parser may be waiting on it), so it relies on websockets'
-sans-I/O internals: `Protocol.reader`, a `StreamReader` with a `bytearray` `buffer`, whose
-`read_exact` `Frame.parse` calls for a payload, the same from websockets 14 to 17. Where they
-differ, `install` leaves the connection's reader as it is.
+Until the handshake is done websockets reads everything. The reader takes over once websockets'
+parser waits between two frames with nothing buffered (`BoundaryReader`, put in place of the
+connection's reader by changing its class); that relies on websockets' sans-I/O internals:
+`Protocol.reader`, a `StreamReader` with a `bytearray` `buffer` whose `at_eof` the parser waits
+in between frames, the same from websockets 14 to 17. Where they differ, `install` leaves the
+reader as it is and websockets keeps reading.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from websockets.streams import StreamReader
 
-# Payloads from this size are read into a buffer of their own; smaller reads go websockets' way.
+# Payloads from this size are read into a buffer of their own; smaller ones are copied out of the
+# connection's read buffer.
 LARGE = 64 * 1024
 
 # Whether `sys.getrefcount` tells exactly who refers to a buffer.
 _EXACT_REFCOUNTS = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+
+# First header byte: FIN, the reserved bits, the opcode. Second: MASK, the payload length.
+_FIN, _RSV, _OPCODE, _MASK, _LEN = 0x80, 0x70, 0x0F, 0x80, 0x7F
+# The data opcodes: continuation, text, binary.
+_CONT, _TEXT, _BINARY = 0x0, 0x1, 0x2
 
 
 class BufferPool:
@@ -65,67 +77,127 @@ class BufferPool:
         return buffer
 
 
-class PayloadReader(StreamReader):
-    """A `StreamReader` whose `read_exact` of `LARGE` bytes or more returns a buffer of the pool,
-    filled by `feed_data` or, without a copy, through `space` and `filled`."""
+class BoundaryReader(StreamReader):
+    """websockets' `StreamReader`, telling whether its parser waits between two frames."""
 
-    pool: BufferPool
-    # Set while a large payload is read: its buffer, and how many of its bytes are there.
-    into: bytearray | None = None
-    held = 0
+    between_frames = False
+
+    def at_eof(self) -> Generator[None, None, bool]:
+        self.between_frames = True
+        try:
+            return (yield from super().at_eof())
+        finally:
+            self.between_frames = False
+
+
+def install(reader: object) -> BoundaryReader | None:
+    """Makes websockets' `reader` a `BoundaryReader`, keeping its state; None when it is not the
+    reader this was written for."""
+    if type(reader) is not StreamReader or not isinstance(getattr(reader, "buffer", None), bytearray):
+        return None
+    reader.__class__ = BoundaryReader
+    assert isinstance(reader, BoundaryReader)
+    return reader
+
+
+# A data frame: its first header byte (FIN and opcode) and its payload.
+DataHandler = Callable[[int, bytes | bytearray], bool]
+# Any other frame, or bytes that do not make a valid data frame: for websockets, as they came.
+OtherHandler = Callable[[bytes], bool]
+
+
+class FrameReader:
+    """Splits the bytes of server frames into frames: data frames to `on_data`, the rest to
+    `on_other`. A frame cut by the end of a read waits for the rest. Once a handler returns False
+    (the connection is no longer open: a close frame, a protocol error) the reader stops: what
+    follows goes to `on_other` as it is, for websockets to read as it closes."""
+
+    def __init__(self, pool: BufferPool, on_data: DataHandler, on_other: OtherHandler) -> None:
+        self._pool = pool
+        self._on_data = on_data
+        self._on_other = on_other
+        # The start of a frame whose rest has not come yet.
+        self._partial = b""
+        # While a large payload is read: its buffer, how many of its bytes are there, and its
+        # frame's first header byte.
+        self._into: bytearray | None = None
+        self._held = 0
+        self._first = 0
+        self.active = True
 
     def space(self) -> memoryview | None:
         """Where the next bytes from the socket belong: the rest of a large payload's buffer while
-        one is read, else None (they go through `feed_data`)."""
-        into = self.into
-        return None if into is None else memoryview(into)[self.held :]
+        one is read, else None (they go to `feed`)."""
+        into = self._into
+        return None if into is None else memoryview(into)[self._held :]
 
-    def filled(self, n: int) -> bool:
-        """`n` more bytes were written into `space()`; True once the payload is complete (the
-        parser may go on)."""
-        self.held += n
-        return self.into is not None and self.held >= len(self.into)
+    def filled(self, n: int) -> None:
+        """`n` more bytes were written into `space()`."""
+        self._held += n
+        into = self._into
+        if into is not None and self._held >= len(into):
+            self._into = None
+            self.active = self._on_data(self._first, into)
 
-    def feed_data(self, data: bytes | bytearray | memoryview) -> None:
-        if self.eof:
-            raise EOFError("stream ended")
-        into = self.into
-        if into is None:
-            self.buffer += data
+    def feed(self, data: bytes | memoryview) -> None:
+        """Bytes from the socket (not written into `space()`)."""
+        data = memoryview(data)  # its slices are views, where slices of bytes are copies
+        into = self._into
+        if into is not None:  # the rest of a large payload, then what follows it
+            n = min(len(data), len(into) - self._held)
+            into[self._held : self._held + n] = data[:n]
+            self.filled(n)
+            data = data[n:]
+            if not data:
+                return
+        if not self.active:
+            self._on_other(bytes(data))
             return
-        # The payload's part goes into its buffer; anything after it (the next frames) is buffered.
-        n = min(len(data), len(into) - self.held)
-        with memoryview(data) as view:
-            into[self.held : self.held + n] = view[:n]
-            self.held += n
-            if n < len(view):
-                self.buffer += view[n:]
-
-    def read_exact(self, n: int) -> Generator[None, None, bytearray]:
-        if n < LARGE:
-            return (yield from super().read_exact(n))
-        into = self.pool.take(n)
-        held = min(len(self.buffer), n)
-        with memoryview(self.buffer) as view:
-            into[:held] = view[:held]
-        del self.buffer[:held]
-        self.into, self.held = into, held
-        try:
-            while self.held < n:
-                if self.eof:
-                    raise EOFError(f"stream ends after {self.held} bytes, expected {n} bytes")
-                yield
-        finally:
-            self.into = None
-        return into
-
-
-def install(reader: object, pool: BufferPool) -> PayloadReader | None:
-    """Makes websockets' `reader` a `PayloadReader` drawing on `pool`, keeping its state; None
-    when it is not the reader this was written for."""
-    if type(reader) is not StreamReader or not isinstance(getattr(reader, "buffer", None), bytearray):
-        return None
-    reader.__class__ = PayloadReader
-    assert isinstance(reader, PayloadReader)
-    reader.pool = pool
-    return reader
+        if self._partial:
+            data = memoryview(self._partial + data)
+            self._partial = b""
+        end = len(data)
+        at = 0
+        go_on = True
+        while go_on and end - at >= 2:
+            first, second = data[at], data[at + 1]
+            n = second & _LEN
+            start = at + 2
+            if n == 126:
+                start += 2
+                if start > end:
+                    break
+                n = int.from_bytes(data[at + 2 : start], "big")
+            elif n == 127:
+                start += 8
+                if start > end:
+                    break
+                n = int.from_bytes(data[at + 2 : start], "big")
+            opcode = first & _OPCODE
+            if opcode > _BINARY or first & _RSV or second & _MASK:
+                # A control frame, or not a valid data frame from a server: websockets' to read.
+                if start + n > end:
+                    break
+                go_on = self._on_other(bytes(data[at : start + n]))
+                at = start + n
+                continue
+            if n >= LARGE:
+                into = self._pool.take(n)
+                held = min(end - start, n)
+                into[:held] = data[start : start + held]
+                at = start + held
+                if held < n:
+                    self._into, self._held, self._first = into, held, first
+                    return  # the rest of the payload is read into `space()`
+                go_on = self._on_data(first, into)
+                continue
+            if start + n > end:
+                break
+            go_on = self._on_data(first, bytes(data[start : start + n]))
+            at = start + n
+        if not go_on:
+            self.active = False
+            if at < end:
+                self._on_other(bytes(data[at:end]))
+        elif at < end:
+            self._partial = bytes(data[at:end])

@@ -180,9 +180,15 @@ def topic_matches(pattern: str, topic: str) -> bool:
 _LEN = struct.Struct(">I")
 
 
+def encode_json(value: Any) -> bytes:
+    """`value` as compact JSON (the encoder made once: `json.dumps` with `separators` makes a new
+    one per call, which costs more than encoding a short request)."""
+    return _ENCODER.encode(value).encode()
+
+
 def encode_head(head: Mapping[str, Any]) -> bytes:
     """The first part of a binary frame: 4-byte big-endian header length, then the JSON header."""
-    h = json.dumps(head, separators=(",", ":")).encode()
+    h = encode_json(head)
     return _LEN.pack(len(h)) + h
 
 
@@ -210,3 +216,4 @@ def decode_frame(frame: bytes | bytearray) -> tuple[dict[str, Any], int]:
 
 
 _DECODER = json.JSONDecoder()
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
