@@ -485,6 +485,39 @@ def test_bad_input_closes_that_connection_only(herald, bad, request):
     watcher.close()
 
 
+def mqtt_string(text: str) -> bytes:
+    return len(text.encode()).to_bytes(2, "big") + text.encode()
+
+
+def mqtt_packet(first: int, body: bytes) -> bytes:
+    """A packet with a remaining length of one byte (under 128)."""
+    assert len(body) < 128
+    return bytes([first, len(body)]) + body
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_publishes_sent_with_the_disconnect_after_them_all_count(herald, level):
+    """CONNECT, retained PUBLISHes and DISCONNECT in one write, as a client that publishes and
+    disconnects at once sends them: herald reads them together and carries out every PUBLISH
+    before it closes."""
+    props = b"\x00" if level == 5 else b""
+    connect = mqtt_packet(
+        0x10, mqtt_string("MQTT") + bytes([level, 0x02, 0x00, 0x1E]) + props + mqtt_string("")
+    )
+    topics = [f"burst{level}/{i}" for i in range(5)]
+    publishes = b"".join(mqtt_packet(0x31, mqtt_string(t) + props + t.encode()) for t in topics)
+    disconnect = b"\xe0\x00"
+    s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+    s.sendall(connect + publishes + disconnect)
+    assert closed(s)
+    s.close()
+    sub = Client(herald, "3.1.1")
+    sub.subscribe(f"burst{level}/+")
+    got = sorted((m.topic, m.payload, m.retain) for m in [sub.message() for _ in topics])
+    assert got == [(t, t.encode(), True) for t in topics]
+    sub.close()
+
+
 def test_websocket_subprotocol_is_echoed(herald):
     import base64
     import os
