@@ -184,6 +184,25 @@ def test_qos2_publish_is_delivered_once_and_granted_as_qos1(herald):
     pub.close()
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_message_is_sent_at_the_lower_of_its_qos_and_the_grant(herald, version):
+    """§3.8.4: a QoS 1 subscriber gets a QoS 0 publish at QoS 0 (and QoS 2 at the QoS 1 it
+    was granted); a message from a native publisher, which has no QoS, comes at QoS 1."""
+    topic = f"minq/{version}"
+    sub = Client(herald, version)
+    assert granted(sub.subscribe(topic, qos=1)) == [1]
+    pub = Client(herald, version)
+    for qos in (0, 1, 2, 0):
+        pub.publish(topic, f"q{qos}".encode(), qos=qos)
+    r = http_post(herald, f"/api/publish/{topic}", b"native", "application/octet-stream")
+    assert r.status_code == 200, r.text
+    got = [(m.payload, m.qos) for m in (sub.message() for _ in range(5))]
+    assert got == [(b"q0", 0), (b"q1", 1), (b"q2", 1), (b"q0", 0), (b"native", 1)]
+    sub.nothing()
+    sub.close()
+    pub.close()
+
+
 def test_parent_level_and_dollar_topics(herald):
     sub = Client(herald)
     sub.subscribe("lvl/#")
