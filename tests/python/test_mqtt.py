@@ -184,6 +184,25 @@ def test_qos2_publish_is_delivered_once_and_granted_as_qos1(herald):
     pub.close()
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_message_is_sent_at_the_lower_of_its_qos_and_the_grant(herald, version):
+    """§3.8.4: a QoS 1 subscriber gets a QoS 0 publish at QoS 0 (and QoS 2 at the QoS 1 it
+    was granted); a message from a native publisher, which has no QoS, comes at QoS 1."""
+    topic = f"minq/{version}"
+    sub = Client(herald, version)
+    assert granted(sub.subscribe(topic, qos=1)) == [1]
+    pub = Client(herald, version)
+    for qos in (0, 1, 2, 0):
+        pub.publish(topic, f"q{qos}".encode(), qos=qos)
+    r = http_post(herald, f"/api/publish/{topic}", b"native", "application/octet-stream")
+    assert r.status_code == 200, r.text
+    got = [(m.payload, m.qos) for m in (sub.message() for _ in range(5))]
+    assert got == [(b"q0", 0), (b"q1", 1), (b"q2", 1), (b"q0", 0), (b"native", 1)]
+    sub.nothing()
+    sub.close()
+    pub.close()
+
+
 def test_parent_level_and_dollar_topics(herald):
     sub = Client(herald)
     sub.subscribe("lvl/#")
@@ -483,6 +502,39 @@ def test_bad_input_closes_that_connection_only(herald, bad, request):
     assert watcher.message().payload == b"fine"
     pub.close()
     watcher.close()
+
+
+def mqtt_string(text: str) -> bytes:
+    return len(text.encode()).to_bytes(2, "big") + text.encode()
+
+
+def mqtt_packet(first: int, body: bytes) -> bytes:
+    """A packet with a remaining length of one byte (under 128)."""
+    assert len(body) < 128
+    return bytes([first, len(body)]) + body
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_publishes_sent_with_the_disconnect_after_them_all_count(herald, level):
+    """CONNECT, retained PUBLISHes and DISCONNECT in one write, as a client that publishes and
+    disconnects at once sends them: herald reads them together and carries out every PUBLISH
+    before it closes."""
+    props = b"\x00" if level == 5 else b""
+    connect = mqtt_packet(
+        0x10, mqtt_string("MQTT") + bytes([level, 0x02, 0x00, 0x1E]) + props + mqtt_string("")
+    )
+    topics = [f"burst{level}/{i}" for i in range(5)]
+    publishes = b"".join(mqtt_packet(0x31, mqtt_string(t) + props + t.encode()) for t in topics)
+    disconnect = b"\xe0\x00"
+    s = socket.create_connection(("127.0.0.1", herald.mqtt_port), timeout=STEP)
+    s.sendall(connect + publishes + disconnect)
+    assert closed(s)
+    s.close()
+    sub = Client(herald, "3.1.1")
+    sub.subscribe(f"burst{level}/+")
+    got = sorted((m.topic, m.payload, m.retain) for m in [sub.message() for _ in topics])
+    assert got == [(t, t.encode(), True) for t in topics]
+    sub.close()
 
 
 def test_websocket_subprotocol_is_echoed(herald):

@@ -17,6 +17,9 @@ pub struct Extras {
     /// The publisher asked for the message to be retained (MQTT's retain flag), which a
     /// subscriber may ask to see (MQTT's retain as published).
     pub retain: bool,
+    /// The publisher sent it at most once (MQTT QoS 0): a subscriber that asked for more is
+    /// sent it at most once too (MQTT sends the lower of the two).
+    pub at_most_once: bool,
     /// Where the publisher expects a reply (MQTT's response topic), as it named it.
     pub response_topic: Option<Box<str>>,
     /// What ties a reply to its request (MQTT's correlation data).

@@ -114,7 +114,8 @@ pub trait Protocol: Send + 'static {
     /// Handles one input: decodes it, answers what the protocol answers itself
     /// ([`Context::send`], [`Context::reply`]), and asks for herald requests
     /// ([`Context::request`]). An `Err` closes the connection for that reason (the protocol
-    /// has queued its last words first, or closed it itself with its own code).
+    /// has queued its last words first, or closed it itself with its own code); the requests
+    /// it asked for before the `Err` are still carried out.
     fn input(&mut self, cx: &mut Context<'_>, input: Input) -> Result<(), Disconnect>;
 
     /// The connection ended, for `why`, its subscriptions not yet removed: what the protocol
@@ -707,6 +708,8 @@ async fn read_requests<P: Protocol, S: InputSource>(
     let mut subscribed = false;
     // What the protocol asked for with the last input (or at the start), kept for the next.
     let mut requests: Vec<Request> = Vec::new();
+    // Set once an input ended the connection: why, returned once its requests are carried out.
+    let mut ending: Option<Disconnect> = None;
     protocol.start(&mut session.context(&mut requests, now.wall_us));
     // The clocks (`ReadAt`) are read after every wait and not per frame: frames handled
     // between two waits were read together, at most 64 frames apart: reading both clocks per
@@ -752,6 +755,9 @@ async fn read_requests<P: Protocol, S: InputSource>(
             if releases {
                 node.released.notify_waiters();
             }
+        }
+        if let Some(why) = ending {
+            return why;
         }
         // Behind, a full hold leaves a chunk at a time, the runtime polling for readiness in
         // between, until less than a hold is left; then this reader reads on.
@@ -832,8 +838,13 @@ async fn read_requests<P: Protocol, S: InputSource>(
             Inbound::Pong | Inbound::Fragment(_) => continue,
         };
         if let Err(why) = protocol.input(&mut session.context(&mut requests, now.wall_us), input) {
+            // What the client sent before what ended it still counts (MQTT PUBLISHes read
+            // together with the DISCONNECT after them): its requests are carried out. The
+            // close is queued first, so that nothing is sent after the protocol's last words;
+            // their replies are dropped, what the codec does on them (a retained message
+            // kept) is not.
             conn.close(why, 1008, why.label());
-            return conn.close_reason().unwrap_or(why);
+            ending = Some(conn.close_reason().unwrap_or(why));
         }
     }
 }

@@ -954,14 +954,14 @@ impl Encoder {
         let mut s = self.state.lock();
         let topic = message.topic();
         // Most connections: every subscription QoS 0 and plain, a message with no MQTT 5.0
-        // properties on a topic MQTT names as herald does (no `$`, no `+` or `#` in a level),
-        // no loss to announce (3.1.1 cannot), so the packet is the one every such subscriber
-        // shares.
+        // properties (a QoS 0 publisher's mark changes nothing here) on a topic MQTT names as
+        // herald does (no `$`, no `+` or `#` in a level), no loss to announce (3.1.1 cannot),
+        // so the packet is the one every such subscriber shares.
         if group.is_none()
             && s.subs.plain()
             && s.uncredited == 0
             && (s.gaps.is_empty() || s.version == Version::V311)
-            && message.extras().is_none()
+            && extras::plain(message.extras())
             && !topic.starts_with('$')
             && !topic.contains(['+', '#'])
         {
@@ -983,10 +983,14 @@ impl Encoder {
             Some(g) => s.route_grouped(g, name.as_deref()),
             None => s.route(name.as_deref(), charged),
         };
-        let (Some(name), Some(route)) = (name, route) else {
+        let (Some(name), Some(mut route)) = (name, route) else {
             self.give_back(credit);
             return Frame::default();
         };
+        // §3.8.4: sent at the lower of the QoS it was published with and the grant.
+        if extras::at_most_once(message.extras()) {
+            route.qos = QoS::AtMostOnce;
+        }
         // The session's positions are for its own subscriptions: a shared subscription's
         // messages are not recovered for it, nor already delivered through it.
         if group.is_none() && s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
@@ -1001,7 +1005,7 @@ impl Encoder {
             return self.send_qos1(&mut s, held, route, credit);
         }
         // Sent at QoS 0 (its credit spent for a QoS 1 subscription that matches in herald's
-        // terms only): no PUBACK will return the credit.
+        // terms only, or for a message published at QoS 0): no PUBACK will return the credit.
         self.give_back(credit);
         let extras = message.extras();
         let Ok(now) = clock(extras.map(|e| &**e)) else {

@@ -4,33 +4,66 @@
 //! subscribers unchanged, in the publisher's order; its message expiry interval becomes a
 //! deadline, so that what a subscriber is sent is the interval less the time the message
 //! waited in herald (§3.3.2.3.3); its retain flag is kept for subscriptions that ask for it
-//! (retain as published). The payload format indicator and content type are herald's own
-//! fields (text, `ct`), not extras. A message that has none of these carries no extras.
+//! (retain as published); so is its QoS when it is 0, so that a subscriber is sent it at
+//! QoS 0 whatever its subscription grants (§3.8.4: the lower of the two). The payload format
+//! indicator and content type are herald's own fields (text, `ct`), not extras. A message
+//! that has none of these carries no extras; a QoS 0 message with nothing else shares one
+//! [`Extras`] with every other.
 
 use super::packet::MessageProperties;
+use super::QoS;
 use herald_core::extras::Extras;
 use herald_core::request::PayloadKind;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-/// What a PUBLISH (or will) with properties `m` and retain flag `retain`, received at
-/// `now_us`, carries through herald besides its payload, if anything.
-pub fn extras_of(m: &MessageProperties, retain: bool, now_us: u64) -> Option<Arc<Extras>> {
+/// The extras of a QoS 0 message that carries nothing else: one for all of them, so that a
+/// QoS 0 publish costs a reference count, not an allocation.
+static AT_MOST_ONCE: LazyLock<Arc<Extras>> = LazyLock::new(|| {
+    Arc::new(Extras {
+        at_most_once: true,
+        ..Extras::default()
+    })
+});
+
+/// What a PUBLISH (or will) at `qos` with properties `m` and retain flag `retain`, received
+/// at `now_us`, carries through herald besides its payload, if anything.
+pub fn extras_of(
+    m: &MessageProperties,
+    retain: bool,
+    qos: QoS,
+    now_us: u64,
+) -> Option<Arc<Extras>> {
+    let at_most_once = qos == QoS::AtMostOnce;
     let carried = retain
         || m.message_expiry_interval.is_some()
         || m.response_topic.is_some()
         || m.correlation_data.is_some()
         || !m.user_properties.is_empty();
-    carried.then(|| {
-        Arc::new(Extras {
-            expires_us: m
-                .message_expiry_interval
-                .map(|secs| now_us.saturating_add(u64::from(secs) * 1_000_000)),
-            retain,
-            response_topic: m.response_topic.as_deref().map(Box::from),
-            correlation: m.correlation_data.clone(),
-            user_properties: m.user_properties.clone(),
-        })
-    })
+    if !carried {
+        return at_most_once.then(|| AT_MOST_ONCE.clone());
+    }
+    Some(Arc::new(Extras {
+        expires_us: m
+            .message_expiry_interval
+            .map(|secs| now_us.saturating_add(u64::from(secs) * 1_000_000)),
+        retain,
+        at_most_once,
+        response_topic: m.response_topic.as_deref().map(Box::from),
+        correlation: m.correlation_data.clone(),
+        user_properties: m.user_properties.clone(),
+    }))
+}
+
+/// Whether a message's extras leave its QoS 0 PUBLISH as a message without any would have it
+/// (none, or the QoS 0 mark alone).
+pub fn plain(extras: Option<&Arc<Extras>>) -> bool {
+    extras.is_none_or(|e| Arc::ptr_eq(e, &AT_MOST_ONCE))
+}
+
+/// Whether the message was published at QoS 0 (one from a native client, a STOMP client or
+/// another node was not).
+pub fn at_most_once(extras: Option<&Arc<Extras>>) -> bool {
+    extras.is_some_and(|e| e.at_most_once)
 }
 
 /// The message expiry interval to send at `now_us` (whole seconds left, rounded up so that a
@@ -77,9 +110,10 @@ mod tests {
             correlation_data: Some(Bytes::from_static(b"\x00id")),
             user_properties: vec![("b".into(), "1".into()), ("a".into(), "2".into())],
         };
-        let e = extras_of(&m, true, 1_000_000).unwrap();
+        let e = extras_of(&m, true, QoS::AtLeastOnce, 1_000_000).unwrap();
         assert_eq!(e.expires_us, Some(11_000_000));
         assert!(e.retain);
+        assert!(!at_most_once(Some(&e)));
         let back = properties(PayloadKind::Text, Some("text/plain"), Some(&e));
         assert_eq!(
             back,
@@ -95,9 +129,22 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_message_carries_nothing() {
-        assert!(extras_of(&MessageProperties::default(), false, 0).is_none());
-        let only_retain = extras_of(&MessageProperties::default(), true, 0).unwrap();
+    fn a_plain_message_carries_nothing_but_its_qos_0() {
+        let none = MessageProperties::default();
+        assert!(extras_of(&none, false, QoS::AtLeastOnce, 0).is_none());
+        assert!(extras_of(&none, false, QoS::ExactlyOnce, 0).is_none());
+        let only_retain = extras_of(&none, true, QoS::AtLeastOnce, 0).unwrap();
         assert_eq!(only_retain.expires_us, None);
+        assert!(!plain(Some(&only_retain)));
+        // QoS 0 alone: the one shared mark, which changes nothing in a QoS 0 PUBLISH.
+        let (a, b) = (
+            extras_of(&none, false, QoS::AtMostOnce, 0),
+            extras_of(&none, false, QoS::AtMostOnce, 0),
+        );
+        assert!(Arc::ptr_eq(a.as_ref().unwrap(), b.as_ref().unwrap()));
+        assert!(plain(a.as_ref()) && at_most_once(a.as_ref()));
+        assert_eq!(a.unwrap().size(), 0);
+        let retained_qos0 = extras_of(&none, true, QoS::AtMostOnce, 0);
+        assert!(at_most_once(retained_qos0.as_ref()) && !plain(retained_qos0.as_ref()));
     }
 }

@@ -49,6 +49,7 @@
 use super::codec::{framed, Encoder, Kept, Outbound, Sub, UnspentCredit};
 use super::delivery::{CreditTo, Held, Lost};
 use super::encode::{self, ProblemInfo};
+use super::extras;
 use super::sessions::{Collected, Collector, Live, Parked, Queue, Slot, Will};
 use super::{ReasonCode, Version};
 use crate::clock::now_us;
@@ -271,13 +272,14 @@ fn park(
 /// The messages of a shared subscription that an ending connection had queued and never sent:
 /// the session owes its client those of a QoS 1 subscription, waiting their turn (the credit
 /// they spent was the membership's, which ends with the connection); one of a QoS 0
-/// subscription (or of one the session no longer holds) is lost.
+/// subscription (or of one the session no longer holds), or published at QoS 0, is lost.
 fn owe_grouped(kept: &mut Kept, grouped: Vec<(Message, Arc<Group>)>) {
     for (message, group) in grouped {
-        let owed = kept
-            .subs
-            .iter()
-            .any(|sub| sub.shared && sub.lossless && *sub.name == *group.name);
+        let owed = !extras::at_most_once(message.extras())
+            && kept
+                .subs
+                .iter()
+                .any(|sub| sub.shared && sub.lossless && *sub.name == *group.name);
         if !owed {
             kept.gaps.add(message.topic(), Lost::Count(1));
             continue;

@@ -10,7 +10,7 @@ use super::delivery::{Gaps, Lost};
 use super::extras::extras_of;
 use super::packet::MessageProperties;
 use super::retained::Retained;
-use super::Version;
+use super::{QoS, Version};
 use crate::config::Config;
 use crate::connection::{Connection, Framing};
 use herald_core::codec::{Encode, Frame};
@@ -72,6 +72,8 @@ pub struct Will {
     pub retained: Option<Retained>,
     /// Its 5.0 properties, carried as the message's extras once it is published.
     pub properties: MessageProperties,
+    /// The QoS it is published with.
+    pub qos: QoS,
     /// Seconds after the connection ends before it is published (5.0).
     pub delay: u32,
 }
@@ -81,7 +83,7 @@ impl Will {
     /// published with retain, both carrying its properties and retain flag as extras (its
     /// expiry interval counts from now, §3.1.3.2.4).
     pub fn published(self, now_us: u64) -> (Publish, Option<Retained>) {
-        let extras = extras_of(&self.properties, self.retained.is_some(), now_us);
+        let extras = extras_of(&self.properties, self.retained.is_some(), self.qos, now_us);
         let retained = self.retained.map(|retained| Retained {
             extras: extras.clone(),
             ..retained
