@@ -1249,7 +1249,8 @@ fn a_patterns_topics_are_found_by_walking_the_names() {
     assert_eq!(e.topic_count_under(""), names.len());
 }
 
-/// `Topics::matching` finds, for every pattern, what testing every topic of `names` finds.
+/// `Topics::matching` finds, for every pattern, what testing every topic of `names` finds, and
+/// so does `Topics::walk` in slices.
 fn assert_walks_as_brute_force<'p>(names: &[&str], patterns: impl Iterator<Item = &'p str>) {
     let mut e = engine();
     for n in names {
@@ -1269,6 +1270,23 @@ fn assert_walks_as_brute_force<'p>(names: &[&str], patterns: impl Iterator<Item 
             .collect();
         expected.sort_unstable();
         assert_eq!(found, expected, "{pattern}");
+        // Walked a few steps at a time, each walk going on where the last stopped, it finds
+        // the same, once each, in the same order.
+        for budget in [1, 2, 3, 5] {
+            let mut sliced = Vec::new();
+            let mut from = String::new();
+            while let Some(next) = e
+                .topics
+                .walk(pattern, &from, budget, |t| sliced.push(&*t.name))
+            {
+                assert!(
+                    next > from,
+                    "{pattern}: a walk of {budget} steps makes progress"
+                );
+                from = next;
+            }
+            assert_eq!(sliced, expected, "{pattern} in walks of {budget} steps");
+        }
     }
 }
 
