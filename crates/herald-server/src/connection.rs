@@ -152,6 +152,12 @@ impl Outbox for Connection {
         let queued = self.out.lock().queue.recovered_bytes();
         self.max_recovery_bytes.saturating_sub(queued)
     }
+
+    fn snapshot(&self, pattern: &str, count: usize) {
+        if let Some(notice) = self.codec.snapshot(pattern, count) {
+            self.send(notice);
+        }
+    }
 }
 
 /// What a connection may queue: the live backlog before its slow-consumer policy acts, and

@@ -395,13 +395,17 @@ impl Topics {
     /// The topics `pattern` matches, in name order (see [`Topics::walk`]).
     pub fn matching(&self, pattern: &str) -> Vec<&TopicState> {
         let mut found = Vec::new();
-        self.walk(pattern, "", usize::MAX, |t| found.push(t));
+        self.walk(pattern, "", usize::MAX, |t| {
+            found.push(t);
+            true
+        });
         found
     }
 
     /// Hands `visit` the topics `pattern` matches whose names are not before `from`, in name
-    /// order, for at most `budget` steps (a seek or a topic found, each); returns where to go
-    /// on (every name before it was looked at) if the budget ran out first.
+    /// order, for at most `budget` steps (a seek or a topic found, each), or until `visit` says
+    /// no (it is handed that topic again when the walk goes on); returns where to go on (every
+    /// name before it was looked at) if the walk stopped before its end.
     ///
     /// Walks the ordered names level by level: a literal level narrows the range, a trailing
     /// `>` takes the rest of it, and `*` steps from one distinct level to the next, a seek
@@ -415,7 +419,7 @@ impl Topics {
         pattern: &str,
         from: &str,
         budget: usize,
-        visit: impl FnMut(&'a TopicState),
+        visit: impl FnMut(&'a TopicState) -> bool,
     ) -> Option<String> {
         let levels: Vec<&str> = pattern.split('/').collect();
         let mut walk = Walk {
@@ -471,7 +475,7 @@ struct Walk<'a, 'f, F> {
     visit: F,
 }
 
-impl<'a, F: FnMut(&'a TopicState)> Walk<'a, '_, F> {
+impl<'a, F: FnMut(&'a TopicState) -> bool> Walk<'a, '_, F> {
     /// Takes one step of the budget, or stops the walk at `at` (every name before it looked
     /// at) when none is left. Never where it started: each walk makes progress.
     fn step(&mut self, at: &str) -> bool {
@@ -481,6 +485,18 @@ impl<'a, F: FnMut(&'a TopicState)> Walk<'a, '_, F> {
         }
         self.budget = self.budget.saturating_sub(1);
         true
+    }
+
+    /// Hands topic `name` (if held) to the visitor; false when the visitor stopped the walk.
+    fn found(&mut self, name: &str) -> bool {
+        let Some(t) = self.topics.get(name) else {
+            return true;
+        };
+        if (self.visit)(t) {
+            return true;
+        }
+        self.stopped = Some(name.to_owned());
+        false
     }
 
     /// The first name a walk under `prefix` looks at: neither before the prefix nor before
@@ -514,11 +530,8 @@ impl<'a, F: FnMut(&'a TopicState)> Walk<'a, '_, F> {
                     .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
                     .take_while(|name| name.starts_with(prefix.as_str()));
                 for name in under {
-                    if !self.step(name) {
+                    if !self.step(name) || !self.found(name) {
                         return;
-                    }
-                    if let Some(t) = topics.get(name) {
-                        (self.visit)(t);
                     }
                 }
             }
@@ -536,10 +549,8 @@ impl<'a, F: FnMut(&'a TopicState)> Walk<'a, '_, F> {
                     cursor.clear();
                     if name.len() == end {
                         // The level's own topic.
-                        if rest.is_empty() {
-                            if let Some(t) = self.topics.get(name) {
-                                (self.visit)(t);
-                            }
+                        if rest.is_empty() && !self.found(name) {
+                            return;
                         }
                         // Next: the first name after it.
                         cursor.push_str(name);
@@ -572,9 +583,7 @@ impl<'a, F: FnMut(&'a TopicState)> Walk<'a, '_, F> {
     fn descend(&mut self, prefix: &mut String, rest: &[&str]) {
         if rest.is_empty() {
             if prefix.as_str() >= self.from && self.step(prefix) {
-                if let Some(t) = self.topics.get(prefix) {
-                    (self.visit)(t);
-                }
+                self.found(prefix);
             }
         } else {
             prefix.push('/');
