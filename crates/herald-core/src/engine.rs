@@ -70,6 +70,12 @@ pub trait Outbox {
         usize::MAX
     }
 
+    /// How many bytes of recovery this connection has queued that its writer has not taken
+    /// yet.
+    fn recovery_queued(&self) -> usize {
+        0
+    }
+
     /// The next `count` messages are more of subscription `pattern`'s snapshot (see
     /// [`snapshot`]), served after its reply: recovered, not live.
     fn snapshot(&self, pattern: &str, count: usize);
@@ -106,6 +112,10 @@ impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
 
     fn recovery_room(&self) -> usize {
         (**self).recovery_room()
+    }
+
+    fn recovery_queued(&self) -> usize {
+        (**self).recovery_queued()
     }
 
     fn snapshot(&self, pattern: &str, count: usize) {

@@ -25,7 +25,11 @@
 //! `max_recovery_bytes`) rather than cut by it: a slice queues values while the connection has
 //! room (the last one may pass the bound by its own size), and the snapshot waits for the
 //! client to read when it has none. So a snapshot never reports a gap, and what it holds is
-//! bounded per connection.
+//! bounded per connection. It also waits while more than [`AHEAD`] bytes of it are queued and
+//! not yet taken by the connection's writer ([`Outbox::recovery_queued`]): the writer takes
+//! the whole queue at once, under the connection's lock, and a publish to that connection
+//! waits for the lock while holding the engine's, so a long queue would stall every client
+//! again, a drain at a time.
 
 use super::{ConnId, Engine, Outbox};
 use crate::message::Message;
@@ -36,6 +40,10 @@ use std::collections::VecDeque;
 /// Steps (a seek, or a topic found) one slice of a snapshot takes at most: about a millisecond
 /// under the lock.
 pub const SLICE: usize = 1024;
+
+/// Bytes of snapshot a connection may have queued, and its writer not taken yet, before the
+/// next slice waits: a few milliseconds of encoding for the writer to take at once.
+pub const AHEAD: usize = 1 << 20;
 
 /// A snapshot whose first slice did not reach its end.
 pub(super) struct Pending {
@@ -114,8 +122,9 @@ impl<O: Outbox> Engine<O> {
         !self.snapshots.pending.is_empty()
     }
 
-    /// Serves one slice of the next snapshot under way whose connection has recovery room,
-    /// announced by its notice and queued on the connection.
+    /// Serves one slice of the next snapshot under way whose connection has recovery room and
+    /// not more than [`AHEAD`] bytes of recovery queued, announced by its notice and queued on
+    /// the connection.
     pub fn serve_snapshots(&mut self, now_us: u64) -> Served {
         if self.snapshots.pending.is_empty() {
             return Served::Idle;
@@ -126,7 +135,7 @@ impl<O: Outbox> Engine<O> {
                 continue;
             };
             let room = c.outbox.recovery_room();
-            if room == 0 {
+            if room == 0 || c.outbox.recovery_queued() > AHEAD {
                 self.snapshots.pending.push_back(pending);
                 continue;
             }
