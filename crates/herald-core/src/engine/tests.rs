@@ -1128,6 +1128,24 @@ impl Outbox for Limited {
     }
 }
 
+/// A connection of `e` that may queue `room` bytes of recovery (to be changed through the
+/// `Cell`), and what it is sent.
+fn limited(e: &mut Engine<Limited>, room: usize) -> (ConnId, Inbox, Rc<std::cell::Cell<usize>>) {
+    let inbox = Inbox::default();
+    let room = Rc::new(std::cell::Cell::new(room));
+    let limited = Limited {
+        inbox: inbox.clone(),
+        room: room.clone(),
+    };
+    (e.connect(limited), inbox, room)
+}
+
+/// The size of topic `name`'s last message.
+fn last_size(e: &Engine<Limited>, name: &str) -> usize {
+    let topic = e.topics_page(name, None, 1).next().unwrap();
+    topic.last().unwrap().size()
+}
+
 /// A recovery larger than the connection may queue sends its newest messages and reports the
 /// oldest as `recovery_limit` gaps, topic by topic.
 #[test]
@@ -1143,18 +1161,8 @@ fn a_recovery_larger_than_its_room_sends_the_newest_and_says_what_it_left_out() 
             .unwrap();
         }
     }
-    let frame_len = e
-        .topics_page("cam/0", None, 1)
-        .next()
-        .unwrap()
-        .last()
-        .unwrap()
-        .size();
-    let inbox = Inbox::default();
-    let a = e.connect(Limited {
-        inbox: inbox.clone(),
-        room: Rc::new(std::cell::Cell::new(frame_len * 6)),
-    });
+    let frame_len = last_size(&e, "cam/0");
+    let (a, inbox, _) = limited(&mut e, frame_len * 6);
     // The snapshot (4 values) fits; a recovery of all 12 messages does not.
     e.handle(
         a,
@@ -1666,19 +1674,8 @@ fn a_snapshot_waits_for_recovery_room_rather_than_leaving_values_out() {
     for i in 0..10 {
         e.publish(&text(&format!("r/{i}"), "v"), 0).unwrap();
     }
-    let size = e
-        .topics_page("r/0", None, 1)
-        .next()
-        .unwrap()
-        .last()
-        .unwrap()
-        .size();
-    let inbox = Inbox::default();
-    let room = Rc::new(std::cell::Cell::new(3 * size));
-    let a = e.connect(Limited {
-        inbox: inbox.clone(),
-        room: room.clone(),
-    });
+    let size = last_size(&e, "r/0");
+    let (a, inbox, room) = limited(&mut e, 3 * size);
     let sub = decode_text(r#"{"op":"sub","topic":"r/>","snapshot":true}"#).unwrap();
     e.handle(a, sub, 0).unwrap();
     let got = inbox.take();
