@@ -48,9 +48,13 @@ impl<O: Outbox> Engine<O> {
             }
         }
 
-        let room = self.conn(conn).map_or(0, |c| c.outbox.recovery_room());
-        let recovery = self.recover(&s, now_us).fit(|| room);
+        // The connection's recovery room, asked (under its queue's lock) only when there is
+        // something to send, and once.
+        let mut asked = None;
+        let room = |e: &Self| e.conn(conn).map_or(0, |c| c.outbox.recovery_room());
+        let recovery = self.recover(&s, now_us).fit(|| *asked.insert(room(self)));
         let snapshot = if s.snapshot {
+            let room = asked.unwrap_or_else(|| room(self));
             let replayed: usize = recovery.messages.iter().map(Message::size).sum();
             let cursor = recovery.replayed_after;
             self.start_snapshot(conn, &s, cursor, room.saturating_sub(replayed), now_us)
