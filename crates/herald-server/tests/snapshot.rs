@@ -21,8 +21,8 @@ const TOPICS: usize = 400_000;
 const FEWER: usize = 50_000;
 
 /// The longest a client publishing every 2 ms may go without an ack while the snapshot is
-/// served: a slice and scheduling delays on a busy 2-core machine (tens of milliseconds),
-/// never the whole walk (over a second for `TOPICS` in a debug build).
+/// served: a slice and scheduling delays on a busy 2-core machine, never the whole walk (many
+/// times this for `TOPICS` in a debug build).
 const ROUND_TRIP_BOUND: Duration = Duration::from_millis(500);
 
 /// Publishes one message on each of `topics` topics and on `feed/x`, and waits until herald

@@ -182,36 +182,36 @@ impl<O: Outbox> Engine<O> {
 
         if recovering {
             plan.replayed_after = Some(cursor);
-            let others: Vec<Arc<str>> = self
-                .topics
-                .matching(&s.topic)
-                .into_iter()
-                .filter(|t| !s.since.contains_key(&*t.name))
-                .map(|t| t.name.clone())
-                .collect();
+            // Only the topics published after the cursor are kept from the walk: on a broad
+            // pattern, most are not.
+            let mut others: Vec<Arc<str>> = Vec::new();
+            self.topics.walk(&s.topic, "", usize::MAX, |t| {
+                if t.last_at > cursor && !s.since.contains_key(&*t.name) {
+                    others.push(t.name.clone());
+                }
+                true
+            });
             for name in others {
                 let Some(state) = self.topics.get_mut(&name) else {
                     continue;
                 };
-                if state.last_at > cursor {
-                    age(&self.config, &mut self.usage, state, now_us);
-                    let t = plan.topic(&name);
-                    if state.dropped_at > cursor {
-                        // Some of what came after the cursor is gone. Which of the messages
-                        // before the oldest held one followed the cursor is not known: the gap
-                        // runs from the first, none of which the client saw.
-                        let to = state.history.front().map_or(state.seq, |m| m.seq - 1);
-                        let reason = if to >= 1 {
-                            GapReason::HistoryTrimmed { from: 1, to }
-                        } else {
-                            GapReason::EpochChanged {
-                                epoch: state.head.epoch().to_owned(),
-                            }
-                        };
-                        plan.gap(&name, reason);
-                    }
-                    plan.replay(t, state.history.iter().filter(|m| m.at > cursor));
+                age(&self.config, &mut self.usage, state, now_us);
+                let t = plan.topic(&name);
+                if state.dropped_at > cursor {
+                    // Some of what came after the cursor is gone. Which of the messages
+                    // before the oldest held one followed the cursor is not known: the gap
+                    // runs from the first, none of which the client saw.
+                    let to = state.history.front().map_or(state.seq, |m| m.seq - 1);
+                    let reason = if to >= 1 {
+                        GapReason::HistoryTrimmed { from: 1, to }
+                    } else {
+                        GapReason::EpochChanged {
+                            epoch: state.head.epoch().to_owned(),
+                        }
+                    };
+                    plan.gap(&name, reason);
                 }
+                plan.replay(t, state.history.iter().filter(|m| m.at > cursor));
             }
         }
         // An expired message is not delivered: its publisher said it would be of no use.

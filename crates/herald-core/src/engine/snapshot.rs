@@ -1,7 +1,7 @@
 //! Snapshots: the last value of each topic a new subscription matches, sent in slices.
 //!
 //! A snapshot of `>` over a million topics is a million messages. Made under the engine's lock
-//! in one piece, it would stall every other client for the whole walk (over a second). So a
+//! in one piece, it would stall every other client for the whole walk. So a
 //! snapshot walks its topics in name order ([`Topics::walk`](super::topics::Topics::walk)) at
 //! most [`SLICE`] steps at a time, and the lock is free between slices:
 //!
@@ -37,12 +37,13 @@ use crate::request::Subscribe;
 use crate::topic;
 use std::collections::VecDeque;
 
-/// Steps (a seek, or a topic found) one slice of a snapshot takes at most: about a millisecond
-/// under the lock.
+/// Steps (a seek, or a topic found) one slice of a snapshot takes at most: a hold of the
+/// engine's lock short beside a client's round trip.
 pub const SLICE: usize = 1024;
 
 /// Bytes of snapshot a connection may have queued, and its writer not taken yet, before the
-/// next slice waits: a few milliseconds of encoding for the writer to take at once.
+/// next slice waits: a few slices' worth, little to encode for the writer that takes it at
+/// once.
 pub const AHEAD: usize = 1 << 20;
 
 /// A snapshot whose first slice did not reach its end.
