@@ -141,7 +141,7 @@ pub struct Usage {
 
 pub use cluster::{Recalled, Unanswered};
 pub use config::{EngineConfig, HistoryRule, DEFAULT_WINDOW};
-pub use snapshot::{Served, SLICE as SNAPSHOT_SLICE};
+pub use snapshot::Served;
 pub use sweep::Swept;
 
 /// A change in the set of patterns this engine's connections hold: the first subscriber to a

@@ -234,7 +234,7 @@ impl Node {
             };
             match served {
                 Served::Idle => wake.notified().await,
-                Served::Slice => tokio::task::yield_now().await,
+                Served::More => tokio::task::yield_now().await,
                 Served::Waiting => tokio::time::sleep(SNAPSHOT_WAIT).await,
             }
         }

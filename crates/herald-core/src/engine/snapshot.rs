@@ -46,6 +46,10 @@ pub const SLICE: usize = 1024;
 /// once.
 pub const AHEAD: usize = 1 << 20;
 
+/// Snapshots under way [`Engine::serve_snapshots`] looks at in one call, at most: a client may
+/// keep hundreds waiting (one per subscription) by not reading.
+pub const LOOK: usize = 64;
+
 /// A snapshot whose first slice did not reach its end.
 pub(super) struct Pending {
     conn: ConnId,
@@ -66,8 +70,8 @@ pub(super) struct Pending {
 pub enum Served {
     /// No snapshot is under way.
     Idle,
-    /// A slice was served; there may be more.
-    Slice,
+    /// A slice was served, or snapshots remain to be looked at: there may be more to serve now.
+    More,
     /// Every snapshot under way waits for its connection to read what it was sent.
     Waiting,
 }
@@ -76,6 +80,9 @@ pub enum Served {
 #[derive(Default)]
 pub(super) struct Snapshots {
     pending: VecDeque<Pending>,
+    /// Snapshots looked at, one after another, that waited for their clients: once it reaches
+    /// the number under way, every one waits.
+    waited: usize,
 }
 
 impl Snapshots {
@@ -125,12 +132,11 @@ impl<O: Outbox> Engine<O> {
 
     /// Serves one slice of the next snapshot under way whose connection has recovery room and
     /// not more than [`AHEAD`] bytes of recovery queued, announced by its notice and queued on
-    /// the connection.
+    /// the connection. Looks at [`LOOK`] snapshots at most, so that a call costs little however
+    /// many wait for their clients.
     pub fn serve_snapshots(&mut self, now_us: u64) -> Served {
-        if self.snapshots.pending.is_empty() {
-            return Served::Idle;
-        }
-        for _ in 0..self.snapshots.pending.len() {
+        let looking = self.snapshots.pending.len().min(LOOK);
+        for _ in 0..looking {
             let mut pending = self.snapshots.pending.pop_front().expect("counted");
             let Some(c) = self.conn(pending.conn) else {
                 continue;
@@ -138,8 +144,10 @@ impl<O: Outbox> Engine<O> {
             let room = c.outbox.recovery_room();
             if room == 0 || c.outbox.recovery_queued() > AHEAD {
                 self.snapshots.pending.push_back(pending);
+                self.snapshots.waited += 1;
                 continue;
             }
+            self.snapshots.waited = 0;
             let (messages, rest) = self.slice(&pending, room, now_us);
             let c = self.conn(pending.conn).expect("looked up above");
             if !messages.is_empty() {
@@ -150,12 +158,16 @@ impl<O: Outbox> Engine<O> {
                 pending.from = from;
                 self.snapshots.pending.push_back(pending);
             }
-            return Served::Slice;
+            return Served::More;
         }
         if self.snapshots.pending.is_empty() {
+            self.snapshots.waited = 0;
             Served::Idle
-        } else {
+        } else if self.snapshots.waited >= self.snapshots.pending.len() {
+            self.snapshots.waited = 0;
             Served::Waiting
+        } else {
+            Served::More
         }
     }
 

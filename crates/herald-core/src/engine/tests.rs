@@ -1596,7 +1596,7 @@ fn classify(frames: &[Value]) -> Vec<(String, u64, bool)> {
     out
 }
 
-/// A snapshot of more topics than one slice goes in slices, none of more than `SNAPSHOT_SLICE`
+/// A snapshot of more topics than one slice goes in slices, none of more than `snapshot::SLICE`
 /// values, each announced with its count; live messages interleave, and per topic the client
 /// gets its last value then what follows, or, for a topic published before the walk reached
 /// it, what follows alone: never a live message before the topic's value, never a message
@@ -1604,7 +1604,7 @@ fn classify(frames: &[Value]) -> Vec<(String, u64, bool)> {
 #[test]
 fn a_snapshot_larger_than_a_slice_goes_in_slices_and_each_topic_keeps_its_order() {
     let mut e = engine();
-    let n = 3 * SNAPSHOT_SLICE + 10;
+    let n = 3 * snapshot::SLICE + 10;
     let name = |i: usize| format!("s/{i:05}");
     for i in 0..n {
         publish(&mut e, &name(i), "old");
@@ -1618,7 +1618,7 @@ fn a_snapshot_larger_than_a_slice_goes_in_slices_and_each_topic_keeps_its_order(
     )
     .unwrap();
     let mut frames = inbox.take();
-    assert_eq!(frames[0]["replayed"], SNAPSHOT_SLICE);
+    assert_eq!(frames[0]["replayed"], snapshot::SLICE);
     assert!(e.snapshots_pending());
     // Published while the snapshot is under way: a topic already walked, one not walked yet
     // (twice), and a new one.
@@ -1633,10 +1633,10 @@ fn a_snapshot_larger_than_a_slice_goes_in_slices_and_each_topic_keeps_its_order(
         let counts = got.iter().filter(|f| f["op"] == "snapshot");
         assert!(counts
             .map(|f| &f["count"])
-            .all(|c| c.as_u64() <= Some(SNAPSHOT_SLICE as u64)));
+            .all(|c| c.as_u64() <= Some(snapshot::SLICE as u64)));
         frames.extend(got);
         match served {
-            Served::Slice => slices += 1,
+            Served::More => slices += 1,
             other => {
                 assert_eq!(other, Served::Idle);
                 break;
@@ -1687,7 +1687,7 @@ fn a_snapshot_waits_for_recovery_room_rather_than_leaving_values_out() {
     assert_eq!(e.serve_snapshots(0), Served::Waiting);
     assert!(inbox.take().is_empty());
     room.set(usize::MAX);
-    assert_eq!(e.serve_snapshots(0), Served::Slice);
+    assert_eq!(e.serve_snapshots(0), Served::More);
     let got = inbox.take();
     assert_eq!(got[0], json!({"op":"snapshot","topic":"r/>","count":7}));
     assert_eq!(got.len(), 8);
@@ -1699,7 +1699,7 @@ fn a_snapshot_waits_for_recovery_room_rather_than_leaving_values_out() {
 #[test]
 fn unsubscribing_or_leaving_ends_a_snapshot_under_way() {
     let mut e = engine();
-    for i in 0..2 * SNAPSHOT_SLICE {
+    for i in 0..2 * snapshot::SLICE {
         publish(&mut e, &format!("u/{i:05}"), "v");
     }
     let sub = r#"{"op":"sub","topic":"u/>","snapshot":true}"#;
@@ -1717,4 +1717,30 @@ fn unsubscribing_or_leaving_ends_a_snapshot_under_way() {
     assert_eq!(b, a);
     assert_eq!(e.serve_snapshots(0), Served::Idle);
     assert!(inbox.take().is_empty());
+}
+
+/// However many snapshots wait for their clients, one call looks at `snapshot::LOOK` of them at most,
+/// and says that all wait only once it has looked at each.
+#[test]
+fn serving_snapshots_looks_at_a_bounded_number_per_call() {
+    let mut e: Engine<Limited> = Engine::new(EngineConfig::default(), 1);
+    let waiting = snapshot::LOOK + snapshot::LOOK / 2;
+    for i in 0..waiting {
+        e.publish(&text(&format!("w/{i}/t"), "v"), 0).unwrap();
+    }
+    let (a, inbox, room) = limited(&mut e, 0);
+    for i in 0..waiting {
+        let sub = format!(r#"{{"op":"sub","topic":"w/{i}/>","snapshot":true}}"#);
+        e.handle(a, decode_text(&sub).unwrap(), 0).unwrap();
+    }
+    inbox.take();
+    assert_eq!(e.serve_snapshots(0), Served::More);
+    assert_eq!(e.serve_snapshots(0), Served::Waiting);
+    room.set(usize::MAX);
+    let mut served = 0;
+    while e.serve_snapshots(0) == Served::More {
+        served += 1;
+    }
+    assert_eq!(served, waiting);
+    assert_eq!(data(&inbox.take()).len(), waiting);
 }
