@@ -299,7 +299,8 @@ export class HeraldClient {
    * @type {Map<string, {n: number, bytes: number}>} */
   #credits = new Map();
   /** Message frames still to come that herald announced as replayed (snapshot or `since`) in
-   * a `subscribed` reply: they spent no lossless credit, so none is granted back for them. */
+   * a `subscribed` reply, or as more of a snapshot in a `snapshot` notice: they spent no
+   * lossless credit, so none is granted back for them. */
   #replayedToCome = 0;
   /** Listeners by event name, each with whether it was added by `once`.
    * @type {Map<string, Map<(e: any) => void, boolean>>} */
@@ -855,6 +856,10 @@ export class HeraldClient {
       }
       case "dropped":
         return this.#emit("dropped", { topic: head.topic, count: head.count, reason: head.reason });
+      case "snapshot":
+        // More of a large snapshot, served after the reply: the next `count` messages.
+        this.#replayedToCome += head.count ?? 0;
+        return;
       case "error": {
         const err = new HeraldError(head.code, head.message);
         const p = head.id !== undefined && this.#pending.get(head.id);

@@ -403,6 +403,34 @@ test("lossless: herald never has more than `window` messages outstanding; credit
   assert.deepEqual(errors, [], "herald accepted every credit");
 });
 
+test("lossless: a snapshot larger than what comes with herald's reply earns no credit either", async (t) => {
+  // herald sends the first 1,024 values with its reply and the rest in slices, each announced
+  // by a `snapshot` notice: the client counts those as recovered, not live.
+  const TOPICS = 3000;
+  const wire = tap();
+  const c = client(t, { WebSocket: wire.WebSocket });
+  const publisher = client(t);
+  let credited = 0;
+  let notices = 0;
+  wire.onSend.push((body) => {
+    if (body.op === "credit") credited += body.n;
+  });
+  wire.onReceive.push((head) => {
+    if (head.op === "snapshot") notices += 1;
+  });
+  const names = Array.from({ length: TOPICS }, (_, i) => `sdk/big/${String(i).padStart(5, "0")}`);
+  await Promise.all(names.map((n) => publisher.publish(n, "v", { ack: false })));
+  await publisher.publish("sdk/big/last", "v");
+  const got = new Set();
+  await c.subscribe("sdk/big/>", (m) => {
+    got.add(m.topic);
+  }, { policy: "lossless", window: 4, snapshot: true }).ready;
+  await until(() => got.size === TOPICS + 1, () => `every value (got ${got.size})`, 15_000);
+  await c.ping();
+  assert.ok(notices > 0, "the snapshot came in slices");
+  assert.equal(credited, 0, "the snapshot earned no credit");
+});
+
 test("lossless windowBytes: herald never has more payload bytes outstanding than granted; credit grants back what was handled", async (t) => {
   const WINDOW_BYTES = 3000;
   const sizes = Array.from({ length: 24 }, (_, i) => [1000, 700, 300, 1200][i % 4]);

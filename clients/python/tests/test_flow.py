@@ -44,6 +44,38 @@ async def test_lossless_iterator_holds_the_publisher_to_the_window(herald: Heral
 
 
 @run_async()
+async def test_a_large_snapshot_spends_no_credit_and_earns_none(herald: Herald) -> None:
+    """A snapshot of more topics than herald sends with its reply comes in slices, each
+    announced by a `snapshot` notice: the client counts those messages as recovered, so it
+    grants no credit for them, and herald still holds the publisher to the window after."""
+    topics, window, total = 3000, 2, 12
+    acked = [0]
+    async with herald_client.connect(herald.url) as h, herald_client.connect(herald.url) as pub:
+        for i in range(topics):
+            await pub.publish(f"f5/snap/{i:05}", "v", ack=False)
+        await pub.publish("f5/snap/last", "v")
+        sub = await h.subscribe("f5/>", policy="lossless", window=window, snapshot=True)
+        values = 0
+        async for m in sub:
+            if m.topic.startswith("f5/snap/"):
+                values += 1
+                if values == topics + 1:
+                    break
+                continue
+        publishing = asyncio.ensure_future(
+            publish_counting(pub, "f5/jobs", [str(i) for i in range(1, total + 1)], acked)
+        )
+        async for m in sub:
+            await asyncio.sleep(0.05)
+            # Had the snapshot's later slices been taken for live messages, the client would
+            # have granted herald thousands of credits, and the publisher would run ahead.
+            assert acked[0] <= m.seq - 1 + window, (m.seq, acked[0])
+            if m.seq == total:
+                break
+        await within(publishing)
+
+
+@run_async()
 async def test_lossless_handler_grants_credit_after_it_returns(herald: Herald) -> None:
     window, total = 3, 15
     acked = [0]

@@ -29,6 +29,7 @@ impl Outbox for Nobody {
     fn dropped(&self, _: &str, _: u64, _: DropReason) {}
     fn deliver(&self, _: &Message, _: &Delivery) {}
     fn recovered(&self, _: &Message) {}
+    fn snapshot(&self, _: &str, _: usize) {}
 }
 
 /// The payload's size in the Solace scenarios.

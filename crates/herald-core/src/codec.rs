@@ -66,4 +66,11 @@ pub trait Encode {
 
     /// `count` messages of `topic` did not reach the connection, for `reason`.
     fn dropped(&self, topic: &str, count: u64, reason: DropReason) -> Frame;
+
+    /// The next `count` messages are more of subscription `pattern`'s snapshot, recovered and
+    /// not live ([`crate::engine::snapshot`]); `None` for a protocol whose clients need not
+    /// tell them apart.
+    fn snapshot(&self, _pattern: &str, _count: usize) -> Option<Frame> {
+        None
+    }
 }

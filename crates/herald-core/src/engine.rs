@@ -12,7 +12,7 @@
 //! `config` (history rules, limits), `connections` (joining, leaving, quotas), `publish`
 //! (numbering, recording, fan-out, remote numbering and holes), `groups` (group
 //! subscriptions, whose members share their messages), `subscribe` (with recovery:
-//! `recovery` plans and fits it), `lossless` (who publishers wait for, credit), `interest`
+//! `recovery` plans and fits it, `snapshot` serves last values in slices), `lossless` (who publishers wait for, credit), `interest`
 //! (the patterns held, for a broker), `cluster` (what a broker asks of the engine), `sweep`
 //! (ageing history, forgetting idle topics), `topics` (the topics' state).
 
@@ -64,10 +64,21 @@ pub trait Outbox {
     fn prefetch(&self) {}
 
     /// How many bytes of recovery ([`Message::size`]) this connection may still queue; a
-    /// recovery larger than this leaves out its oldest messages and says so in its reply.
+    /// recovery larger than this leaves out its oldest messages and says so in its reply, and
+    /// a snapshot waits for room.
     fn recovery_room(&self) -> usize {
         usize::MAX
     }
+
+    /// How many bytes of recovery this connection has queued that its writer has not taken
+    /// yet.
+    fn recovery_queued(&self) -> usize {
+        0
+    }
+
+    /// The next `count` messages are more of subscription `pattern`'s snapshot (see
+    /// [`snapshot`]), served after its reply: recovered, not live.
+    fn snapshot(&self, pattern: &str, count: usize);
 }
 
 impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
@@ -102,6 +113,14 @@ impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
     fn recovery_room(&self) -> usize {
         (**self).recovery_room()
     }
+
+    fn recovery_queued(&self) -> usize {
+        (**self).recovery_queued()
+    }
+
+    fn snapshot(&self, pattern: &str, count: usize) {
+        (**self).snapshot(pattern, count)
+    }
 }
 
 pub type ConnId = u32;
@@ -122,6 +141,7 @@ pub struct Usage {
 
 pub use cluster::{Recalled, Unanswered};
 pub use config::{EngineConfig, HistoryRule, DEFAULT_WINDOW};
+pub use snapshot::Served;
 pub use sweep::Swept;
 
 /// A change in the set of patterns this engine's connections hold: the first subscriber to a
@@ -362,6 +382,8 @@ pub struct Engine<O> {
     groups: groups::Groups,
     /// What each [`Origin`]'s topics hold, indexed by origin.
     usage: Vec<Usage>,
+    /// Snapshots served a slice at a time (see [`snapshot`]).
+    snapshots: snapshot::Snapshots,
 }
 
 impl<O: Outbox> Engine<O> {
@@ -382,6 +404,7 @@ impl<O: Outbox> Engine<O> {
             matched: Vec::new(),
             groups: groups::Groups::default(),
             usage: Vec::new(),
+            snapshots: snapshot::Snapshots::default(),
         }
     }
 
@@ -579,6 +602,7 @@ mod interest;
 mod lossless;
 mod publish;
 mod recovery;
+pub mod snapshot;
 mod subscribe;
 mod sweep;
 mod topics;

@@ -34,7 +34,8 @@ pub struct Config {
     /// Most bytes queued for one connection before it is disconnected as a slow consumer.
     pub max_outbound_bytes: usize,
     /// Most bytes of replayed history and snapshot values queued for one connection; a larger
-    /// recovery sends its newest messages and reports the rest as a `recovery_limit` gap.
+    /// replay sends its newest messages and reports the rest as a `recovery_limit` gap, a
+    /// larger snapshot waits for the client to read.
     pub max_recovery_bytes: usize,
     pub max_subscriptions_per_connection: usize,
     /// Accepted sockets (HTTP and WebSocket) open at once; at the limit the oldest

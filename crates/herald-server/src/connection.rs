@@ -149,8 +149,18 @@ impl Outbox for Connection {
     }
 
     fn recovery_room(&self) -> usize {
-        let queued = self.out.lock().queue.recovered_bytes();
-        self.max_recovery_bytes.saturating_sub(queued)
+        self.max_recovery_bytes
+            .saturating_sub(self.recovery_queued())
+    }
+
+    fn recovery_queued(&self) -> usize {
+        self.out.lock().queue.recovered_bytes()
+    }
+
+    fn snapshot(&self, pattern: &str, count: usize) {
+        if let Some(notice) = self.codec.snapshot(pattern, count) {
+            self.send(notice);
+        }
     }
 }
 

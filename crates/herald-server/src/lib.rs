@@ -143,6 +143,7 @@ impl Server {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }
         let sweeper = tokio::spawn(Node::sweep(Arc::downgrade(&node)));
+        let snapshots = tokio::spawn(Node::serve_snapshots(Arc::downgrade(&node)));
         // Every listener stops accepting at shutdown.
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mqtt = self.mqtt.map(|tcp| {
@@ -186,6 +187,7 @@ impl Server {
         )
         .await;
         sweeper.abort();
+        snapshots.abort();
         if let Some(mqtt) = mqtt {
             let _ = mqtt.await;
         }

@@ -12,7 +12,7 @@ use crate::metrics::{Disconnect, Metrics, PolicyAction};
 use crate::protocol::mqtt::retained::RetainedStore;
 use crate::protocol::mqtt::sessions::{SessionLimits, SessionStore};
 use crate::tls::Tls;
-use herald_core::engine::{ConnId, Engine, Origin, Published};
+use herald_core::engine::{ConnId, Engine, Origin, Published, Served};
 use herald_core::request::{ProtocolError, Publish, Request};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -46,6 +46,8 @@ pub struct Node {
     /// Wakes publishers held by a `lossless` subscriber: credit was granted, or a subscription
     /// or connection went away.
     pub released: Notify,
+    /// Wakes [`Node::serve_snapshots`]: a snapshot is under way.
+    snapshots: Arc<Notify>,
     /// How long each `lossless` subscriber has kept publishers waiting lately.
     holds: Mutex<HashMap<ConnId, HoldMeter>>,
     /// Token subjects by the [`Origin`] their publishes are charged to.
@@ -62,6 +64,10 @@ pub struct Node {
 /// a few sweeps a minute, not ten a second.
 const SWEEP_SLICE: usize = 2_000;
 const SWEEP_MIN_GAP: Duration = Duration::from_millis(100);
+
+/// How long [`Node::serve_snapshots`] waits before looking again when every snapshot under way
+/// waits for its client to read.
+const SNAPSHOT_WAIT: Duration = Duration::from_millis(5);
 
 /// The window over which a `lossless` subscriber's share of holding publishers is counted.
 pub const LOSSLESS_HOLD_WINDOW: Duration = Duration::from_secs(10);
@@ -99,6 +105,7 @@ impl Node {
             metrics,
             broker,
             released: Notify::new(),
+            snapshots: Arc::default(),
             sessions: TaskTracker::new(),
             auth,
             ip_limits: IpLimits::new(config.limits.clone()),
@@ -197,7 +204,40 @@ impl Node {
         if let Some(broker) = &self.broker {
             broker.interest(engine.take_interest_changes());
         }
+        self.wake_snapshots(&engine);
         Ok(result)
+    }
+
+    /// Wakes [`Node::serve_snapshots`] if a snapshot is under way (a subscribe may have
+    /// started one).
+    fn wake_snapshots(&self, engine: &Engine<Arc<Connection>>) {
+        if engine.snapshots_pending() {
+            self.snapshots.notify_one();
+        }
+    }
+
+    /// Serves the snapshots under way a slice at a time ([`Engine::serve_snapshots`]) until
+    /// the node is dropped, the engine's lock taken for one slice at a time: a snapshot of
+    /// millions of topics stalls the other clients for a slice, not for
+    /// its whole walk. Sleeps while none is under way, and for [`SNAPSHOT_WAIT`] when every
+    /// one waits for its client to read.
+    pub async fn serve_snapshots(node: Weak<Node>) {
+        let Some(wake) = node.upgrade().map(|n| n.snapshots.clone()) else {
+            return;
+        };
+        loop {
+            let Some(served) = node
+                .upgrade()
+                .map(|n| n.engine.lock().serve_snapshots(now_us()))
+            else {
+                return;
+            };
+            match served {
+                Served::Idle => wake.notified().await,
+                Served::More => tokio::task::yield_now().await,
+                Served::Waiting => tokio::time::sleep(SNAPSHOT_WAIT).await,
+            }
+        }
     }
 
     /// What [`Node::handle_now`] handed back: a publish that waits while a `lossless`
@@ -222,7 +262,10 @@ impl Node {
             }
             (Request::Subscribe(s), Some(broker)) => {
                 pending.flush();
-                cluster::subscribe::subscribe(broker.as_ref(), &self.engine, conn, s).await
+                let outcome =
+                    cluster::subscribe::subscribe(broker.as_ref(), &self.engine, conn, s).await;
+                self.wake_snapshots(&self.engine.lock());
+                outcome
             }
             (request, _) => match self.handle_now(conn, request, pending, now_us()) {
                 Ok(outcome) => outcome,

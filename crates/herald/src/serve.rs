@@ -57,7 +57,8 @@ struct Overrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     max_outbound_bytes: Option<usize>,
     /// Bytes of replayed history and snapshot values queued for one connection; a larger
-    /// recovery sends the newest and reports the rest as a gap [default: 268435456]
+    /// replay sends the newest and reports the rest as a gap, a larger snapshot waits for the
+    /// client to read [default: 268435456]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_recovery_bytes: Option<usize>,

@@ -322,8 +322,9 @@ class Client:
         self._grant_soon = False
         # Inboxes full: while there is one, the socket is not read.
         self._crowded: set[_Inbox] = set()
-        # Message frames still to come that a `subscribed` reply announced as replayed: they
-        # spent no lossless credit, so none is granted back for them.
+        # Message frames still to come that a `subscribed` reply announced as replayed, or a
+        # `snapshot` notice as more of a snapshot: they spent no lossless credit, so none is
+        # granted back for them.
         self._replayed_to_come = 0
         # Dropped counts announced per topic, attached to the topic's next message.
         self._dropped: dict[str, int] = {}
@@ -871,6 +872,9 @@ class Client:
             if self._dropped:
                 m.dropped = self._dropped.pop(m.topic, 0)
             self._deliver(m, replayed, ws)
+        elif op == "snapshot":
+            # More of a large snapshot, served after the reply: the next `count` messages.
+            self._replayed_to_come += int(head.get("count") or 0)
         elif op == "dropped":
             topic, count = str(head.get("topic")), int(head.get("count") or 0)
             self._dropped[topic] = self._dropped.get(topic, 0) + count

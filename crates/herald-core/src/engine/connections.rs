@@ -50,6 +50,7 @@ impl<O: Outbox> Engine<O> {
     /// [`Engine::disconnect`].
     pub fn detach(&mut self, id: ConnId) {
         self.leave_groups(id);
+        self.snapshots.cancel(id, None);
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };

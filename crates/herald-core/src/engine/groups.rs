@@ -404,6 +404,7 @@ mod tests {
                 .push(format!("{}:{text}{how}", group.name));
         }
         fn recovered(&self, _: &Message) {}
+        fn snapshot(&self, _: &str, _: usize) {}
         fn has_room(&self, _: usize) -> bool {
             !self.full.get()
         }

@@ -7,7 +7,8 @@
 //!   pattern matches: what was published after it was never seen by the client (it would
 //!   otherwise name the topic in `since`), so it is replayed too. A topic that first appeared
 //!   under a wildcard while the client was away is recovered like the others.
-//! - `snapshot` adds the last value of each remaining topic.
+//! - `snapshot` adds the last value of each remaining topic: [`super::snapshot`], after the
+//!   rest.
 //!
 //! A message that has expired (see [`crate::extras`]) is left out, without a gap: its
 //! publisher said it is of no use by then.
@@ -29,6 +30,8 @@ use std::sync::Arc;
 pub(super) struct Recovery {
     pub messages: Vec<Message>,
     pub gaps: Vec<Gap>,
+    /// The cursor (publish count) the topics not named in `since` were replayed from, if any.
+    pub replayed_after: Option<u64>,
 }
 
 /// One message a recovery would send.
@@ -47,6 +50,7 @@ pub(super) struct Plan {
     names: Vec<Arc<str>>,
     items: Vec<Item>,
     gaps: Vec<Gap>,
+    replayed_after: Option<u64>,
 }
 
 impl Plan {
@@ -107,6 +111,7 @@ impl Plan {
         Recovery {
             messages: self.items.into_iter().map(|i| i.message).collect(),
             gaps: self.gaps,
+            replayed_after: self.replayed_after,
         }
     }
 }
@@ -130,8 +135,8 @@ impl<O: Outbox> Engine<O> {
             .unwrap_or(0)
     }
 
-    /// What subscription `s` is owed before its live messages; [`Plan::fit`] then keeps what
-    /// the connection has room for.
+    /// What subscription `s` is owed before its live messages, its snapshot aside;
+    /// [`Plan::fit`] then keeps what the connection has room for.
     pub(super) fn recover(&mut self, s: &Subscribe, now_us: u64) -> Plan {
         let recovering = s.cursor.is_some() || !s.since.is_empty();
         let cursor = self.cursor_position(s.cursor.as_deref());
@@ -175,47 +180,38 @@ impl<O: Outbox> Engine<O> {
             plan.replay(t, state.history.iter().filter(|m| m.seq >= next));
         }
 
-        if recovering || s.snapshot {
-            let others: Vec<Arc<str>> = self
-                .topics
-                .matching(&s.topic)
-                .into_iter()
-                .filter(|t| !s.since.contains_key(&*t.name))
-                .map(|t| t.name.clone())
-                .collect();
+        if recovering {
+            plan.replayed_after = Some(cursor);
+            // Only the topics published after the cursor are kept from the walk: on a broad
+            // pattern, most are not.
+            let mut others: Vec<Arc<str>> = Vec::new();
+            self.topics.walk(&s.topic, "", usize::MAX, |t| {
+                if t.last_at > cursor && !s.since.contains_key(&*t.name) {
+                    others.push(t.name.clone());
+                }
+                true
+            });
             for name in others {
                 let Some(state) = self.topics.get_mut(&name) else {
                     continue;
                 };
-                if recovering && state.last_at > cursor {
-                    age(&self.config, &mut self.usage, state, now_us);
-                    let t = plan.topic(&name);
-                    if state.dropped_at > cursor {
-                        // Some of what came after the cursor is gone. Which of the messages
-                        // before the oldest held one followed the cursor is not known: the gap
-                        // runs from the first, none of which the client saw.
-                        let to = state.history.front().map_or(state.seq, |m| m.seq - 1);
-                        let reason = if to >= 1 {
-                            GapReason::HistoryTrimmed { from: 1, to }
-                        } else {
-                            GapReason::EpochChanged {
-                                epoch: state.head.epoch().to_owned(),
-                            }
-                        };
-                        plan.gap(&name, reason);
-                    }
-                    plan.replay(t, state.history.iter().filter(|m| m.at > cursor));
-                } else if s.snapshot {
-                    if let Some(message) = state.last_message() {
-                        let t = plan.topic(&name);
-                        plan.items.push(Item {
-                            at: state.last_at,
-                            topic: t,
-                            seq: state.seq,
-                            message,
-                        });
-                    }
+                age(&self.config, &mut self.usage, state, now_us);
+                let t = plan.topic(&name);
+                if state.dropped_at > cursor {
+                    // Some of what came after the cursor is gone. Which of the messages
+                    // before the oldest held one followed the cursor is not known: the gap
+                    // runs from the first, none of which the client saw.
+                    let to = state.history.front().map_or(state.seq, |m| m.seq - 1);
+                    let reason = if to >= 1 {
+                        GapReason::HistoryTrimmed { from: 1, to }
+                    } else {
+                        GapReason::EpochChanged {
+                            epoch: state.head.epoch().to_owned(),
+                        }
+                    };
+                    plan.gap(&name, reason);
                 }
+                plan.replay(t, state.history.iter().filter(|m| m.at > cursor));
             }
         }
         // An expired message is not delivered: its publisher said it would be of no use.

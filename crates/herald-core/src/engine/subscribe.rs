@@ -48,9 +48,19 @@ impl<O: Outbox> Engine<O> {
             }
         }
 
-        let recovery = self
-            .recover(&s, now_us)
-            .fit(|| self.conn(conn).map_or(0, |c| c.outbox.recovery_room()));
+        // The connection's recovery room, asked (under its queue's lock) only when there is
+        // something to send, and once.
+        let mut asked = None;
+        let room = |e: &Self| e.conn(conn).map_or(0, |c| c.outbox.recovery_room());
+        let recovery = self.recover(&s, now_us).fit(|| *asked.insert(room(self)));
+        let snapshot = if s.snapshot {
+            let room = asked.unwrap_or_else(|| room(self));
+            let replayed: usize = recovery.messages.iter().map(Message::size).sum();
+            let cursor = recovery.replayed_after;
+            self.start_snapshot(conn, &s, cursor, room.saturating_sub(replayed), now_us)
+        } else {
+            Vec::new()
+        };
 
         let sub = Sub::new(&s, self.publish_count);
         self.lossless += usize::from(sub.is_lossless());
@@ -80,13 +90,14 @@ impl<O: Outbox> Engine<O> {
             id: s.id,
             topic: s.topic,
             recovered: recovery.gaps.is_empty(),
-            replayed: recovery.messages.len(),
+            replayed: recovery.messages.len() + snapshot.len(),
             gaps: recovery.gaps,
             cursor: self.cursor(),
         };
         self.reply(conn, &reply);
         if let Some(c) = self.conn(conn) {
-            recovery.messages.iter().for_each(|m| c.outbox.recovered(m));
+            let recovered = recovery.messages.iter().chain(&snapshot);
+            recovered.for_each(|m| c.outbox.recovered(m));
         }
         Ok(())
     }
@@ -116,6 +127,7 @@ impl<O: Outbox> Engine<O> {
         self.index.remove(&pattern, conn);
         self.interest_down(&pattern);
         self.subscriptions -= 1;
+        self.snapshots.cancel(conn, Some(&pattern));
         self.reply(conn, &Reply::Unsubscribed { id, topic: pattern });
         Ok(())
     }

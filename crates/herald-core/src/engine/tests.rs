@@ -30,6 +30,13 @@ impl Outbox for Inbox {
     fn recovered(&self, message: &Message) {
         self.send(Native.frame(message));
     }
+    fn snapshot(&self, pattern: &str, count: usize) {
+        self.send(
+            Native
+                .snapshot(pattern, count)
+                .expect("herald's protocol announces it"),
+        );
+    }
 }
 
 impl Inbox {
@@ -1097,7 +1104,7 @@ fn since_at_the_largest_seq_is_recovered_without_a_gap() {
 #[derive(Clone)]
 struct Limited {
     inbox: Inbox,
-    room: usize,
+    room: Rc<std::cell::Cell<usize>>,
 }
 
 impl Outbox for Limited {
@@ -1114,8 +1121,29 @@ impl Outbox for Limited {
         self.inbox.recovered(message)
     }
     fn recovery_room(&self) -> usize {
-        self.room
+        self.room.get()
     }
+    fn snapshot(&self, pattern: &str, count: usize) {
+        self.inbox.snapshot(pattern, count)
+    }
+}
+
+/// A connection of `e` that may queue `room` bytes of recovery (to be changed through the
+/// `Cell`), and what it is sent.
+fn limited(e: &mut Engine<Limited>, room: usize) -> (ConnId, Inbox, Rc<std::cell::Cell<usize>>) {
+    let inbox = Inbox::default();
+    let room = Rc::new(std::cell::Cell::new(room));
+    let limited = Limited {
+        inbox: inbox.clone(),
+        room: room.clone(),
+    };
+    (e.connect(limited), inbox, room)
+}
+
+/// The size of topic `name`'s last message.
+fn last_size(e: &Engine<Limited>, name: &str) -> usize {
+    let topic = e.topics_page(name, None, 1).next().unwrap();
+    topic.last().unwrap().size()
 }
 
 /// A recovery larger than the connection may queue sends its newest messages and reports the
@@ -1133,18 +1161,8 @@ fn a_recovery_larger_than_its_room_sends_the_newest_and_says_what_it_left_out() 
             .unwrap();
         }
     }
-    let frame_len = e
-        .topics_page("cam/0", None, 1)
-        .next()
-        .unwrap()
-        .last()
-        .unwrap()
-        .size();
-    let inbox = Inbox::default();
-    let a = e.connect(Limited {
-        inbox: inbox.clone(),
-        room: frame_len * 6,
-    });
+    let frame_len = last_size(&e, "cam/0");
+    let (a, inbox, _) = limited(&mut e, frame_len * 6);
     // The snapshot (4 values) fits; a recovery of all 12 messages does not.
     e.handle(
         a,
@@ -1249,7 +1267,8 @@ fn a_patterns_topics_are_found_by_walking_the_names() {
     assert_eq!(e.topic_count_under(""), names.len());
 }
 
-/// `Topics::matching` finds, for every pattern, what testing every topic of `names` finds.
+/// `Topics::matching` finds, for every pattern, what testing every topic of `names` finds, and
+/// so does `Topics::walk` in slices.
 fn assert_walks_as_brute_force<'p>(names: &[&str], patterns: impl Iterator<Item = &'p str>) {
     let mut e = engine();
     for n in names {
@@ -1269,6 +1288,23 @@ fn assert_walks_as_brute_force<'p>(names: &[&str], patterns: impl Iterator<Item 
             .collect();
         expected.sort_unstable();
         assert_eq!(found, expected, "{pattern}");
+        // Walked a few steps at a time, each walk going on where the last stopped, it finds
+        // the same, once each, in the same order.
+        for budget in [1, 2, 3, 5] {
+            let mut sliced = Vec::new();
+            let mut from = String::new();
+            while let Some(next) = e.topics.walk(pattern, &from, budget, |t| {
+                sliced.push(&*t.name);
+                true
+            }) {
+                assert!(
+                    next > from,
+                    "{pattern}: a walk of {budget} steps makes progress"
+                );
+                from = next;
+            }
+            assert_eq!(sliced, expected, "{pattern} in walks of {budget} steps");
+        }
     }
 }
 
@@ -1472,6 +1508,11 @@ impl Outbox for Queued {
     fn recovered(&self, message: &Message) {
         self.queue.borrow_mut().push_recovered(message.clone());
     }
+    fn snapshot(&self, pattern: &str, count: usize) {
+        if let Some(notice) = self.codec.snapshot(pattern, count) {
+            self.queue.borrow_mut().push(notice);
+        }
+    }
 }
 
 /// A message delivered live to many connections, then replayed from history and sent as a
@@ -1527,4 +1568,179 @@ fn a_message_is_encoded_once_however_it_reaches_its_subscribers() {
     let first = &first[0];
     assert_eq!(codec.encoded.get(), 2);
     assert!(heads.iter().all(|h| *h == first.head.as_ptr()));
+}
+
+/// What a client makes of one connection's frames, as the SDKs do: a `subscribed` reply's
+/// `replayed` and a `snapshot` notice's `count` say how many of the message frames that follow
+/// are recovered. Returns the messages as `(topic, seq, recovered)`, and checks that no other
+/// frame comes between a count and the messages it counts.
+fn classify(frames: &[Value]) -> Vec<(String, u64, bool)> {
+    let mut to_come = 0;
+    let mut out = Vec::new();
+    for f in frames {
+        match f["op"].as_str().unwrap() {
+            "subscribed" | "snapshot" => {
+                assert_eq!(to_come, 0, "counted messages come at once: {f}");
+                to_come = f["replayed"].as_u64().or(f["count"].as_u64()).unwrap();
+            }
+            "msg" => {
+                let recovered = to_come > 0;
+                to_come -= u64::from(recovered);
+                let topic = f["topic"].as_str().unwrap().to_owned();
+                out.push((topic, f["seq"].as_u64().unwrap(), recovered));
+            }
+            op => panic!("unexpected {op}"),
+        }
+    }
+    assert_eq!(to_come, 0, "every counted message came");
+    out
+}
+
+/// A snapshot of more topics than one slice goes in slices, none of more than `snapshot::SLICE`
+/// values, each announced with its count; live messages interleave, and per topic the client
+/// gets its last value then what follows, or, for a topic published before the walk reached
+/// it, what follows alone: never a live message before the topic's value, never a message
+/// twice, no topic missing, and what is recovered is told apart from what is live.
+#[test]
+fn a_snapshot_larger_than_a_slice_goes_in_slices_and_each_topic_keeps_its_order() {
+    let mut e = engine();
+    let n = 3 * snapshot::SLICE + 10;
+    let name = |i: usize| format!("s/{i:05}");
+    for i in 0..n {
+        publish(&mut e, &name(i), "old");
+    }
+    let (a, inbox) = client(&mut e);
+    req(
+        &mut e,
+        a,
+        r#"{"op":"sub","topic":"s/>","snapshot":true}"#,
+        0,
+    )
+    .unwrap();
+    let mut frames = inbox.take();
+    assert_eq!(frames[0]["replayed"], snapshot::SLICE);
+    assert!(e.snapshots_pending());
+    // Published while the snapshot is under way: a topic already walked, one not walked yet
+    // (twice), and a new one.
+    let (walked, ahead) = (name(100), name(n - 2));
+    for t in [&walked, &ahead, &ahead, &"s/new".to_string()] {
+        publish(&mut e, t, "live");
+    }
+    let mut slices = 0;
+    loop {
+        let served = e.serve_snapshots(0);
+        let got = inbox.take();
+        let counts = got.iter().filter(|f| f["op"] == "snapshot");
+        assert!(counts
+            .map(|f| &f["count"])
+            .all(|c| c.as_u64() <= Some(snapshot::SLICE as u64)));
+        frames.extend(got);
+        match served {
+            Served::More => slices += 1,
+            other => {
+                assert_eq!(other, Served::Idle);
+                break;
+            }
+        }
+        publish(&mut e, &name(slices), "between");
+    }
+    assert_eq!(slices, 3);
+    assert!(!e.snapshots_pending());
+    let got = classify(&frames);
+    let mut seen = std::collections::HashSet::new();
+    for (topic, seq, recovered) in &got {
+        assert!(seen.insert((topic, seq)), "{topic} {seq} came twice");
+        // A recovered message is the value from before the request, seq 1; live ones follow.
+        assert_eq!(*recovered, *seq == 1 && topic != "s/new", "{topic} {seq}");
+    }
+    let of = |t: &str| -> Vec<(u64, bool)> {
+        got.iter()
+            .filter(|(topic, ..)| topic == t)
+            .map(|&(_, seq, r)| (seq, r))
+            .collect()
+    };
+    assert_eq!(of(&walked), [(1, true), (2, false)]);
+    assert_eq!(of(&ahead), [(2, false), (3, false)]);
+    assert_eq!(of("s/new"), [(1, false)]);
+    let topics: std::collections::HashSet<&str> = got.iter().map(|(t, ..)| t.as_str()).collect();
+    assert_eq!(topics.len(), n + 1, "every topic, old and new");
+}
+
+/// A snapshot waits while the connection has no recovery room and goes on once it has: it is
+/// paced by the client's reading, never cut, and the reply reports no gap.
+#[test]
+fn a_snapshot_waits_for_recovery_room_rather_than_leaving_values_out() {
+    let mut e: Engine<Limited> = Engine::new(EngineConfig::default(), 1);
+    for i in 0..10 {
+        e.publish(&text(&format!("r/{i}"), "v"), 0).unwrap();
+    }
+    let size = last_size(&e, "r/0");
+    let (a, inbox, room) = limited(&mut e, 3 * size);
+    let sub = decode_text(r#"{"op":"sub","topic":"r/>","snapshot":true}"#).unwrap();
+    e.handle(a, sub, 0).unwrap();
+    let got = inbox.take();
+    assert_eq!(
+        (got[0]["recovered"].clone(), got[0]["replayed"].clone()),
+        (json!(true), json!(3))
+    );
+    room.set(0);
+    assert_eq!(e.serve_snapshots(0), Served::Waiting);
+    assert!(inbox.take().is_empty());
+    room.set(usize::MAX);
+    assert_eq!(e.serve_snapshots(0), Served::More);
+    let got = inbox.take();
+    assert_eq!(got[0], json!({"op":"snapshot","topic":"r/>","count":7}));
+    assert_eq!(got.len(), 8);
+    assert_eq!(e.serve_snapshots(0), Served::Idle);
+}
+
+/// Unsubscribing, or leaving, ends a snapshot under way: nothing more of it is sent (a
+/// connection that takes the id later gets nothing of it either).
+#[test]
+fn unsubscribing_or_leaving_ends_a_snapshot_under_way() {
+    let mut e = engine();
+    for i in 0..2 * snapshot::SLICE {
+        publish(&mut e, &format!("u/{i:05}"), "v");
+    }
+    let sub = r#"{"op":"sub","topic":"u/>","snapshot":true}"#;
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, sub, 0).unwrap();
+    req(&mut e, a, r#"{"op":"unsub","topic":"u/>"}"#, 0).unwrap();
+    assert!(!e.snapshots_pending());
+    req(&mut e, a, sub, 0).unwrap();
+    assert!(e.snapshots_pending());
+    e.disconnect(a);
+    assert!(!e.snapshots_pending());
+    assert_eq!(e.serve_snapshots(0), Served::Idle);
+    inbox.take();
+    let (b, inbox) = client(&mut e);
+    assert_eq!(b, a);
+    assert_eq!(e.serve_snapshots(0), Served::Idle);
+    assert!(inbox.take().is_empty());
+}
+
+/// However many snapshots wait for their clients, one call looks at `snapshot::LOOK` of them at most,
+/// and says that all wait only once it has looked at each.
+#[test]
+fn serving_snapshots_looks_at_a_bounded_number_per_call() {
+    let mut e: Engine<Limited> = Engine::new(EngineConfig::default(), 1);
+    let waiting = snapshot::LOOK + snapshot::LOOK / 2;
+    for i in 0..waiting {
+        e.publish(&text(&format!("w/{i}/t"), "v"), 0).unwrap();
+    }
+    let (a, inbox, room) = limited(&mut e, 0);
+    for i in 0..waiting {
+        let sub = format!(r#"{{"op":"sub","topic":"w/{i}/>","snapshot":true}}"#);
+        e.handle(a, decode_text(&sub).unwrap(), 0).unwrap();
+    }
+    inbox.take();
+    assert_eq!(e.serve_snapshots(0), Served::More);
+    assert_eq!(e.serve_snapshots(0), Served::Waiting);
+    room.set(usize::MAX);
+    let mut served = 0;
+    while e.serve_snapshots(0) == Served::More {
+        served += 1;
+    }
+    assert_eq!(served, waiting);
+    assert_eq!(data(&inbox.take()).len(), waiting);
 }

@@ -392,87 +392,45 @@ impl Topics {
         }
     }
 
-    /// The topics `pattern` matches, in name order. Walks the ordered names level by level: a
-    /// literal level narrows the range, a trailing `>` takes the rest of it, and `*` steps
-    /// from one distinct level to the next, a seek each. So the cost is what it finds plus one
-    /// seek per distinct level a `*` stands for: `a/b/>` looks only at `a/b/…`, and `*/x` at
-    /// one name per first level, never at every topic.
+    /// The topics `pattern` matches, in name order (see [`Topics::walk`]).
     pub fn matching(&self, pattern: &str) -> Vec<&TopicState> {
-        let levels: Vec<&str> = pattern.split('/').collect();
         let mut found = Vec::new();
-        self.walk(&mut String::new(), &levels, &mut found);
-        // `*` visits its levels in order, but a level followed by a byte below `/` sorts
-        // between another level and its subtree: sorted once here.
-        found.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        self.walk(pattern, "", usize::MAX, |t| {
+            found.push(t);
+            true
+        });
         found
     }
 
-    /// [`Topics::matching`] from `prefix` (empty, or ending in `/`) for the remaining `levels`.
-    fn walk<'a>(&'a self, prefix: &mut String, levels: &[&str], found: &mut Vec<&'a TopicState>) {
-        let Some((&level, rest)) = levels.split_first() else {
-            return;
+    /// Hands `visit` the topics `pattern` matches whose names are not before `from`, in name
+    /// order, for at most `budget` steps (a seek or a topic found, each), or until `visit` says
+    /// no (it is handed that topic again when the walk goes on); returns where to go on (every
+    /// name before it was looked at) if the walk stopped before its end.
+    ///
+    /// Walks the ordered names level by level: a literal level narrows the range, a trailing
+    /// `>` takes the rest of it, and `*` steps from one distinct level to the next, a seek
+    /// each. So the cost is what it finds plus one seek per distinct level a `*` stands for:
+    /// `a/b/>` looks only at `a/b/…`, and `*/x` at one name per first level, never at every
+    /// topic. A `*` takes a level's own topic where the name `…/level` sorts and its subtree
+    /// where `…/level/` sorts (between them may lie `…/level!…`), so that what it finds comes
+    /// in name order and a walk can stop anywhere and go on later from a name.
+    pub fn walk<'a>(
+        &'a self,
+        pattern: &str,
+        from: &str,
+        budget: usize,
+        visit: impl FnMut(&'a TopicState) -> bool,
+    ) -> Option<String> {
+        let levels: Vec<&str> = pattern.split('/').collect();
+        let mut walk = Walk {
+            topics: self,
+            from,
+            budget,
+            stopped: None,
+            visit,
         };
-        let at = prefix.len();
-        let from = |bound: Bound<&str>| self.names.range::<str, _>((bound, Bound::Unbounded));
-        match level {
-            ">" if rest.is_empty() => {
-                let under = from(Bound::Included(prefix.as_str()))
-                    .take_while(|name| name.starts_with(prefix.as_str()));
-                found.extend(under.filter_map(|name| self.get(name)));
-            }
-            "*" => {
-                let mut seen = std::collections::HashSet::new();
-                let mut cursor = prefix.clone();
-                let mut inclusive = true;
-                loop {
-                    let bound = if inclusive {
-                        Bound::Included(cursor.as_str())
-                    } else {
-                        Bound::Excluded(cursor.as_str())
-                    };
-                    let Some(name) = from(bound).next() else {
-                        break;
-                    };
-                    if !name.starts_with(prefix.as_str()) {
-                        break;
-                    }
-                    let name: &'a str = name;
-                    let level = name[at..].split('/').next().unwrap_or_default();
-                    if seen.insert(level) {
-                        prefix.push_str(level);
-                        self.descend(prefix, rest, found);
-                        prefix.truncate(at);
-                    }
-                    // Next: past this name, and past the level's whole subtree once inside it
-                    // (`…/level0` is the first name after every `…/level/…`).
-                    cursor.clear();
-                    if name.as_bytes().get(at + level.len()) == Some(&b'/') {
-                        cursor.push_str(&name[..at + level.len()]);
-                        cursor.push('0');
-                        inclusive = true;
-                    } else {
-                        cursor.push_str(name);
-                        inclusive = false;
-                    }
-                }
-            }
-            literal => {
-                prefix.push_str(literal);
-                self.descend(prefix, rest, found);
-                prefix.truncate(at);
-            }
-        }
-    }
-
-    /// `prefix` names a level: the topic itself when no levels remain, else what lies below.
-    fn descend<'a>(&'a self, prefix: &mut String, rest: &[&str], found: &mut Vec<&'a TopicState>) {
-        if rest.is_empty() {
-            found.extend(self.get(prefix));
-        } else {
-            prefix.push('/');
-            self.walk(prefix, rest, found);
-            prefix.pop();
-        }
+        walk.levels(&mut String::new(), &levels);
+        walk.stopped
     }
 
     /// Names after `after` (all, when `None`) that start with `prefix`, in order, at most
@@ -504,6 +462,134 @@ impl Topics {
 
     pub fn iter(&self) -> impl Iterator<Item = &TopicState> {
         self.map.iter().map(|state| &**state)
+    }
+}
+
+/// One [`Topics::walk`] under way.
+struct Walk<'a, 'f, F> {
+    topics: &'a Topics,
+    from: &'f str,
+    budget: usize,
+    /// Where the walk goes on, once the budget ran out.
+    stopped: Option<String>,
+    visit: F,
+}
+
+impl<'a, F: FnMut(&'a TopicState) -> bool> Walk<'a, '_, F> {
+    /// Takes one step of the budget, or stops the walk at `at` (every name before it looked
+    /// at) when none is left. Never where it started: each walk makes progress.
+    fn step(&mut self, at: &str) -> bool {
+        if self.budget == 0 && at > self.from {
+            self.stopped = Some(at.to_owned());
+            return false;
+        }
+        self.budget = self.budget.saturating_sub(1);
+        true
+    }
+
+    /// Hands topic `name` (if held) to the visitor; false when the visitor stopped the walk.
+    fn found(&mut self, name: &str) -> bool {
+        let Some(t) = self.topics.get(name) else {
+            return true;
+        };
+        if (self.visit)(t) {
+            return true;
+        }
+        self.stopped = Some(name.to_owned());
+        false
+    }
+
+    /// The first name a walk under `prefix` looks at: neither before the prefix nor before
+    /// `from`.
+    fn start(&self, prefix: &str) -> String {
+        prefix.max(self.from).to_owned()
+    }
+
+    /// The first name at or after `at`, if it starts with `prefix`.
+    fn next(&self, at: &str, prefix: &str) -> Option<&'a str> {
+        let name = self
+            .topics
+            .names
+            .range::<str, _>((Bound::Included(at), Bound::Unbounded))
+            .next()?;
+        name.starts_with(prefix).then_some(&**name)
+    }
+
+    /// The topics under `prefix` (empty, or ending in `/`) that the remaining `levels` match.
+    fn levels(&mut self, prefix: &mut String, levels: &[&str]) {
+        let Some((&level, rest)) = levels.split_first() else {
+            return;
+        };
+        let at = prefix.len();
+        match level {
+            ">" if rest.is_empty() => {
+                let start = self.start(prefix);
+                let topics = self.topics;
+                let under = topics
+                    .names
+                    .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
+                    .take_while(|name| name.starts_with(prefix.as_str()));
+                for name in under {
+                    if !self.step(name) || !self.found(name) {
+                        return;
+                    }
+                }
+            }
+            "*" => {
+                let mut cursor = self.start(prefix);
+                loop {
+                    if !self.step(&cursor) {
+                        return;
+                    }
+                    let Some(name) = self.next(&cursor, prefix) else {
+                        break;
+                    };
+                    let level = name[at..].split('/').next().unwrap_or_default();
+                    let end = at + level.len();
+                    cursor.clear();
+                    if name.len() == end {
+                        // The level's own topic.
+                        if rest.is_empty() && !self.found(name) {
+                            return;
+                        }
+                        // Next: the first name after it.
+                        cursor.push_str(name);
+                        cursor.push('\0');
+                    } else {
+                        // The level's subtree, `…/level/…`.
+                        if !rest.is_empty() {
+                            prefix.push_str(level);
+                            self.descend(prefix, rest);
+                            prefix.truncate(at);
+                            if self.stopped.is_some() {
+                                return;
+                            }
+                        }
+                        // Next: the first name past the subtree (`…/level0`).
+                        cursor.push_str(&name[..end]);
+                        cursor.push('0');
+                    }
+                }
+            }
+            literal => {
+                prefix.push_str(literal);
+                self.descend(prefix, rest);
+                prefix.truncate(at);
+            }
+        }
+    }
+
+    /// `prefix` names a level: the topic itself when no levels remain, else what lies below.
+    fn descend(&mut self, prefix: &mut String, rest: &[&str]) {
+        if rest.is_empty() {
+            if prefix.as_str() >= self.from && self.step(prefix) {
+                self.found(prefix);
+            }
+        } else {
+            prefix.push('/');
+            self.levels(prefix, rest);
+            prefix.pop();
+        }
     }
 }
 

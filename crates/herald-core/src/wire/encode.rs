@@ -40,7 +40,11 @@ impl Encode for Native {
     }
 
     fn dropped(&self, topic: &str, count: u64, reason: DropReason) -> Frame {
-        encode_dropped(topic, count, reason)
+        encode_notice("dropped", topic, count, Some(reason.as_str()))
+    }
+
+    fn snapshot(&self, pattern: &str, count: usize) -> Option<Frame> {
+        Some(encode_notice("snapshot", pattern, count as u64, None))
     }
 }
 
@@ -133,16 +137,22 @@ pub fn encode_reply(reply: &Reply) -> Frame {
 /// `{"op":"dropped","topic":…,"count":…,"reason":…}`: `count` messages of `topic` were not
 /// delivered to this connection, for `reason`; sent before the next message of that topic.
 /// A conflating subscriber is sent one per topic per throttle interval.
-fn encode_dropped(topic: &str, count: u64, reason: DropReason) -> Frame {
-    let reason = reason.as_str();
-    let mut buf = BytesMut::with_capacity(MAX_HEADER + topic.len() + reason.len() + 60);
+/// `{"op":op,"topic":topic,"count":count}`, with `"reason":reason` if given: a notice about
+/// `count` messages of `topic`.
+fn encode_notice(op: &str, topic: &str, count: u64, reason: Option<&str>) -> Frame {
+    let more = op.len() + topic.len() + reason.map_or(0, str::len);
+    let mut buf = BytesMut::with_capacity(MAX_HEADER + more + 60);
     buf.put_bytes(0, MAX_HEADER);
-    buf.put_slice(b"{\"op\":\"dropped\",\"topic\":");
+    buf.put_slice(b"{\"op\":");
+    write_json_str(&mut buf, op);
+    buf.put_slice(b",\"topic\":");
     write_json_str(&mut buf, topic);
     buf.put_slice(b",\"count\":");
     write_u64(&mut buf, count);
-    buf.put_slice(b",\"reason\":");
-    write_json_str(&mut buf, reason);
+    if let Some(reason) = reason {
+        buf.put_slice(b",\"reason\":");
+        write_json_str(&mut buf, reason);
+    }
     buf.put_u8(b'}');
     text_frame(buf)
 }
