@@ -395,9 +395,9 @@ impl Connection {
         }
         let mut taken = frames.len();
         loop {
-            let before = (frames.len(), bytes_of(frames));
-            let result = write_without_waiting(socket, frames);
-            self.count_out(before.0 - frames.len(), before.1 - bytes_of(frames));
+            let queued = frames.len();
+            let (bytes, result) = write_without_waiting(socket, frames);
+            self.count_out(queued - frames.len(), bytes);
             let mut out = self.out.lock();
             if result.is_err() || !frames.is_empty() {
                 // The writer task waits for the socket (or meets the error and ends the session).
@@ -526,12 +526,18 @@ impl Connection {
 
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
-fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::Result<()> {
+/// Writes what the socket takes now, removing what went whole from `frames`: the bytes
+/// written, and the error if the socket failed.
+fn write_without_waiting(
+    socket: &DirectSocket,
+    frames: &mut Vec<Frame>,
+) -> (usize, io::Result<()>) {
     // Slices per system call: a direct write rarely has more than a few frames. The array's
     // unused room is left uninitialised: filling all 32 first would cost more than the rest of
     // this function.
     const MAX_SLICES: usize = 32;
     let mut sent = 0;
+    let mut bytes = 0;
     let result = loop {
         if sent == frames.len() {
             break Ok(());
@@ -554,13 +560,21 @@ fn write_without_waiting(socket: &DirectSocket, frames: &mut Vec<Frame>) -> io::
         };
         match written {
             Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
-            Ok(written) => sent += consume(&mut frames[sent..], written),
+            Ok(written) => {
+                bytes += written;
+                sent += consume(&mut frames[sent..], written);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(()),
             Err(e) => break Err(e),
         }
     };
-    frames.drain(..sent);
-    result
+    // Each written frame is dropped once, here: a direct write usually sends them all.
+    if sent == frames.len() {
+        frames.clear();
+    } else {
+        frames.drain(..sent);
+    }
+    (bytes, result)
 }
 
 /// The non-empty parts of `frames`, in order, for a vectored write.
@@ -576,17 +590,16 @@ fn bytes_of(frames: &[Frame]) -> usize {
     frames.iter().map(Frame::len).sum()
 }
 
-/// Takes `written` bytes off the front of `frames`: each frame sent whole is released (left
-/// empty) and counted, a partly sent one keeps its unsent bytes. Returns the count, for the
-/// caller to remove them all at once when it is done: removing them after every write would
-/// move the rest of a long batch each time.
+/// Takes `written` bytes off the front of `frames`: counts the frames sent whole, and a partly
+/// sent one keeps its unsent bytes. Returns the count, for the caller to remove them all at
+/// once when it is done: removing them after every write would move the rest of a long batch
+/// each time.
 fn consume(frames: &mut [Frame], mut written: usize) -> usize {
     let mut done = 0;
     for frame in frames.iter_mut() {
         let len = frame.len();
         if written >= len {
             written -= len;
-            *frame = Frame::default();
             done += 1;
             continue;
         }
@@ -636,7 +649,13 @@ pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
         };
         match written {
             Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
-            Ok(written) => sent += consume(&mut frames[sent..], written),
+            Ok(written) => {
+                let done = consume(&mut frames[sent..], written);
+                // Released now rather than when the batch is done: the rest of a long batch
+                // may wait on a slow reader, and what was written need not wait with it.
+                frames[sent..sent + done].fill(Frame::default());
+                sent += done;
+            }
             Err(e) => break Err(e),
         }
     };
