@@ -783,7 +783,7 @@ mod tests {
 
     /// A direct write of many frames (bodies empty and not, so some frames give one slice and
     /// some two) takes several system calls of at most `MAX_SLICES` slices each; a real socket
-    /// receives every byte, in order.
+    /// receives every byte, in order, and the write counts them all.
     #[tokio::test]
     async fn a_direct_write_sends_every_frame_in_order() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -794,8 +794,10 @@ mod tests {
         let socket = DirectSocket::new(write);
         let (frames, expected) = numbered_frames(500, 3);
         let mut queued = frames.clone();
-        write_without_waiting(&socket, &mut queued).unwrap();
+        let (bytes, result) = write_without_waiting(&socket, &mut queued);
+        result.unwrap();
         assert!(queued.is_empty(), "{} frames left", queued.len());
+        assert_eq!(bytes, expected.len(), "the bytes written, as counted");
         let mut got = vec![0; expected.len()];
         std::io::Read::read_exact(&mut peer, &mut got).unwrap();
         assert_eq!(got, expected);
