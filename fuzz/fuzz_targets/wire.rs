@@ -34,6 +34,13 @@ impl Outbox for Sink {
     fn recovered(&self, message: &Message) {
         Sink::check(Native.frame(message));
     }
+    fn snapshot(&self, pattern: &str, count: usize) {
+        Sink::check(
+            Native
+                .snapshot(pattern, count)
+                .expect("herald's protocol announces snapshot slices"),
+        );
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
