@@ -12,9 +12,10 @@
 //! `config` (history rules, limits), `connections` (joining, leaving, quotas), `publish`
 //! (numbering, recording, fan-out, remote numbering and holes), `groups` (group
 //! subscriptions, whose members share their messages), `subscribe` (with recovery:
-//! `recovery` plans and fits it, `snapshot` serves last values in slices), `lossless` (who publishers wait for, credit), `interest`
-//! (the patterns held, for a broker), `cluster` (what a broker asks of the engine), `sweep`
-//! (ageing history, forgetting idle topics), `topics` (the topics' state).
+//! `recovery` plans and fits it, `snapshot` serves last values in slices), `lossless` (who
+//! publishers wait for, credit), `interest` (the patterns held, for a broker), `cluster` (what
+//! a broker asks of the engine), `sweep` (ageing history, forgetting idle topics), `topics`
+//! (the topics' state).
 
 use crate::group::Group;
 use crate::index::SubscriptionIndex;

@@ -526,8 +526,7 @@ impl Connection {
 
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
 /// written frame keeps its unsent bytes). Stops without error when the socket is full.
-/// Writes what the socket takes now, removing what went whole from `frames`: the bytes
-/// written, and the error if the socket failed.
+/// Returns the bytes written, and the error if the socket failed.
 fn write_without_waiting(
     socket: &DirectSocket,
     frames: &mut Vec<Frame>,

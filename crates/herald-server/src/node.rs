@@ -218,9 +218,9 @@ impl Node {
 
     /// Serves the snapshots under way a slice at a time ([`Engine::serve_snapshots`]) until
     /// the node is dropped, the engine's lock taken for one slice at a time: a snapshot of
-    /// millions of topics stalls the other clients for a slice, not for
-    /// its whole walk. Sleeps while none is under way, and for [`SNAPSHOT_WAIT`] when every
-    /// one waits for its client to read.
+    /// millions of topics stalls the other clients for a slice, not for its whole walk. Sleeps
+    /// while none is under way, and for [`SNAPSHOT_WAIT`] when every one waits for its client
+    /// to read.
     pub async fn serve_snapshots(node: Weak<Node>) {
         let Some(wake) = node.upgrade().map(|n| n.snapshots.clone()) else {
             return;

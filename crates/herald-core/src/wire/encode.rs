@@ -134,11 +134,10 @@ pub fn encode_reply(reply: &Reply) -> Frame {
     text_frame(buf)
 }
 
-/// `{"op":"dropped","topic":…,"count":…,"reason":…}`: `count` messages of `topic` were not
-/// delivered to this connection, for `reason`; sent before the next message of that topic.
-/// A conflating subscriber is sent one per topic per throttle interval.
 /// `{"op":op,"topic":topic,"count":count}`, with `"reason":reason` if given: a notice about
-/// `count` messages of `topic`.
+/// `count` messages of `topic`. `dropped` (with its reason): that many were not delivered to
+/// this connection, sent before the topic's next message (to a conflating subscriber, one per
+/// topic per throttle interval). `snapshot`: that many of a subscription's snapshot follow.
 fn encode_notice(op: &str, topic: &str, count: u64, reason: Option<&str>) -> Frame {
     let more = op.len() + topic.len() + reason.map_or(0, str::len);
     let mut buf = BytesMut::with_capacity(MAX_HEADER + more + 60);
