@@ -61,7 +61,6 @@ async def test_a_large_snapshot_spends_no_credit_and_earns_none(herald: Herald) 
                 values += 1
                 if values == topics + 1:
                     break
-                continue
         publishing = asyncio.ensure_future(
             publish_counting(pub, "f5/jobs", [str(i) for i in range(1, total + 1)], acked)
         )

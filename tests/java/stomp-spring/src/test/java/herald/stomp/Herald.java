@@ -194,4 +194,28 @@ final class Herald implements AutoCloseable {
             }
         }
     }
+
+    /** Closes, in order, each of {@code them} that was opened (a test class's {@code @AfterAll}:
+     * a {@code @BeforeAll} that failed leaves some null), every one even if an earlier one
+     * fails; throws the first failure, the later ones suppressed in it. */
+    static void closeAll(AutoCloseable... them) throws Exception {
+        Exception first = null;
+        for (AutoCloseable it : them) {
+            if (it == null) {
+                continue;
+            }
+            try {
+                it.close();
+            } catch (Exception e) {
+                if (first == null) {
+                    first = e;
+                } else {
+                    first.addSuppressed(e);
+                }
+            }
+        }
+        if (first != null) {
+            throw first;
+        }
+    }
 }

@@ -48,12 +48,7 @@ class SpringRecoveryTest {
 
     @AfterAll
     static void stop() throws Exception {
-        if (stomp != null) {
-            stomp.close();
-        }
-        if (herald != null) {
-            herald.close();
-        }
+        Herald.closeAll(stomp, herald);
     }
 
     /** Publishes {@code body} on {@code topic}, accepted once this returns: through herald's

@@ -48,18 +48,7 @@ class SpringStompTest {
 
     @AfterAll
     static void stop() throws Exception {
-        if (stomp != null) {
-            stomp.close();
-        }
-        try {
-            if (herald != null) {
-                herald.close();
-            }
-        } finally {
-            if (secured != null) {
-                secured.close();
-            }
-        }
+        Herald.closeAll(stomp, herald, secured);
     }
 
     private static byte[] binary() {

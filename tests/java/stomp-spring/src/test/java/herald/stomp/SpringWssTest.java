@@ -39,12 +39,7 @@ class SpringWssTest {
 
     @AfterAll
     static void stop() throws Exception {
-        if (trusting != null) {
-            trusting.close();
-        }
-        if (herald != null) {
-            herald.close();
-        }
+        Herald.closeAll(trusting, herald);
     }
 
     @Test
