@@ -1,9 +1,9 @@
 //! Snapshots: the last value of each topic a new subscription matches, sent in slices.
 //!
 //! A snapshot of `>` over a million topics is a million messages. Made under the engine's lock
-//! in one piece, it would stall every other client for the whole walk. So a
-//! snapshot walks its topics in name order ([`Topics::walk`](super::topics::Topics::walk)) at
-//! most [`SLICE`] steps at a time, and the lock is free between slices:
+//! in one piece, it would stall every other client for the whole walk. So a snapshot walks its
+//! topics in name order (`Topics::walk`, resumable from a name) at most [`SLICE`] steps at a
+//! time, and the lock is free between slices:
 //!
 //! - The first slice goes with the `subscribed` reply, its messages counted in the reply's
 //!   `replayed` and following it at once: a snapshot of up to [`SLICE`] topics (nearly all of
