@@ -15,6 +15,10 @@
 # value, as the filtering scenario's unsubscribed topics do (issue 4, target 5: a discard).
 # All three print instructions per message published.
 #
+# PROTOCOL=mqtt (or stomp) runs the fanout load with the publisher and the subscribers
+# speaking that protocol over WebSocket (/mqtt, /stomp) instead of herald's own (/ws): the
+# cost per delivery of a protocol beside the native path's.
+#
 # Usage: bench/callgrind.sh [HERALD_BIN]   (default target/release/herald)
 #        SHORT=5 LONG=15 RATE=300 PORT=18091 bench/callgrind.sh
 #        LOAD=ingest bench/callgrind.sh   or LOAD=conflate, LOAD=discard
@@ -33,6 +37,13 @@ case "$load" in
   *) echo "LOAD must be fanout, ingest, conflate or discard, not $load" >&2; exit 2 ;;
 esac
 port="${PORT:-18091}"
+protocol="${PROTOCOL:-native}"
+case "$protocol" in
+  native) path=/ws ;;
+  mqtt | stomp) path="/$protocol"
+    [ "$load" = fanout ] || { echo "PROTOCOL applies to LOAD=fanout only" >&2; exit 2; } ;;
+  *) echo "PROTOCOL must be native, mqtt or stomp, not $protocol" >&2; exit 2 ;;
+esac
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 [ -x "$herald" ] || { echo "no herald binary at $herald (cargo build --release)" >&2; exit 2; }
 
@@ -71,12 +82,12 @@ run() {
   local load_args
   if [ "$load" = fanout ]; then
     load_args=(--kind fanout --clients 100 --topics 100 --subs 10 --publishers 1
-      --rate "$rate" --payload 50 --warmup 0 --duration "$1")
+      --rate "$rate" --payload 50 --warmup 0 --duration "$1" --set "protocol=$protocol")
   else
     load_args=(bench/scenarios/conflation.toml --set "clients=$([ "$load" = conflate ] && echo 1 || echo 0)"
       --set publishers=1 --set "rate=$rate" --set warmup=0 --set "duration=$1")
   fi
-  taskset -c 1 "$herald" bench "${load_args[@]}" --url "ws://127.0.0.1:$port/ws" \
+  taskset -c 1 "$herald" bench "${load_args[@]}" --url "ws://127.0.0.1:$port$path" \
     >"$work/bench.$1.log" 2>&1 || { cat "$work/bench.$1.log" >&2; exit 1; }
   local msgs deliveries
   msgs="$(metric 'herald_messages_in_total{source="ws"}')"

@@ -185,9 +185,10 @@ impl Message {
     }
 
     /// The message as codec slot `slot` encodes it: `encode` runs the first time, and every
-    /// later call (on any thread) shares its bytes.
-    pub fn encoded(&self, slot: usize, encode: impl FnOnce(&Message) -> Frame) -> Frame {
-        self.0.encoded[slot].get_or_init(|| encode(self)).clone()
+    /// later call (on any thread) shares its bytes. Borrowed, so that a codec that sends a
+    /// slice of it pays for no clone of the whole.
+    pub fn encoded(&self, slot: usize, encode: impl FnOnce(&Message) -> Frame) -> &Frame {
+        self.0.encoded[slot].get_or_init(|| encode(self))
     }
 
     /// What holding this message for a connection counts against its bounds (queue, recovery)
@@ -234,7 +235,10 @@ mod tests {
             }
         };
         let copy = m.clone();
-        let (a, b) = (m.encoded(0, encode), copy.encoded(0, encode));
+        let (a, b) = (
+            m.encoded(0, encode).clone(),
+            copy.encoded(0, encode).clone(),
+        );
         assert_eq!(calls.get(), 1);
         assert_eq!(a.head.as_ptr(), b.head.as_ptr());
         m.encoded(1, encode);

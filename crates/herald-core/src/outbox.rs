@@ -629,13 +629,16 @@ mod policy_tests {
 
     impl Encode for Seqs {
         fn message(&self, m: &Message, out: &mut Vec<Frame>) {
-            out.push(m.encoded(1, |m| {
-                self.encoded.set(self.encoded.get() + 1);
-                Frame {
-                    head: Bytes::from(m.seq().to_be_bytes().to_vec()),
-                    body: Bytes::new(),
-                }
-            }));
+            out.push(
+                m.encoded(1, |m| {
+                    self.encoded.set(self.encoded.get() + 1);
+                    Frame {
+                        head: Bytes::from(m.seq().to_be_bytes().to_vec()),
+                        body: Bytes::new(),
+                    }
+                })
+                .clone(),
+            );
         }
         fn reply(&self, reply: &Reply) -> Frame {
             crate::wire::Native.reply(reply)

@@ -296,13 +296,17 @@ mod tests {
 
     impl Encode for Counting {
         fn message(&self, message: &Message, out: &mut Vec<Frame>) {
-            out.push(message.encoded(1, |m| {
-                self.0.fetch_add(1, Ordering::Relaxed);
-                Frame {
-                    head: Bytes::new(),
-                    body: m.payload().clone(),
-                }
-            }));
+            out.push(
+                message
+                    .encoded(1, |m| {
+                        self.0.fetch_add(1, Ordering::Relaxed);
+                        Frame {
+                            head: Bytes::new(),
+                            body: m.payload().clone(),
+                        }
+                    })
+                    .clone(),
+            );
         }
         fn reply(&self, _: &Reply) -> Frame {
             Frame::default()

@@ -1463,10 +1463,13 @@ struct Counting {
 
 impl Encode for Counting {
     fn message(&self, m: &Message, out: &mut Vec<Frame>) {
-        out.push(m.encoded(1, |m| {
-            self.encoded.set(self.encoded.get() + 1);
-            Native.frame(m)
-        }));
+        out.push(
+            m.encoded(1, |m| {
+                self.encoded.set(self.encoded.get() + 1);
+                Native.frame(m)
+            })
+            .clone(),
+        );
     }
     fn reply(&self, reply: &Reply) -> Frame {
         Native.reply(reply)

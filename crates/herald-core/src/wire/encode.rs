@@ -25,7 +25,7 @@ impl Native {
     /// A message's one frame, encoded once in its [`SLOT`] and shared.
     #[inline]
     pub fn frame(&self, message: &Message) -> Frame {
-        message.encoded(SLOT, encode_message)
+        message.encoded(SLOT, encode_message).clone()
     }
 }
 

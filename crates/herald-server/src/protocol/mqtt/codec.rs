@@ -34,7 +34,6 @@ use super::extras;
 use super::packet::MessageProperties;
 use super::retained::{Retained, RetainedStore};
 use super::topic::{mqtt_matches, to_mqtt_topic};
-use super::wire::read_varint;
 use super::{QoS, ReasonCode, Version};
 use crate::clock::now_us;
 use crate::connection::Framing;
@@ -887,22 +886,37 @@ pub fn reason_for(code: &str) -> ReasonCode {
     }
 }
 
-/// The four forms of a message's QoS 0 PUBLISH in one buffer: for 3.1.1 then 5.0, each a
-/// WebSocket binary header followed by the packet's head (the payload follows every head).
+/// The four forms of a message's QoS 0 PUBLISH in one buffer: an index ([`HEADS_INDEX`]
+/// bytes: whether the message is [`AS_NAMED`], then where the 5.0 forms start), then for 3.1.1
+/// and for 5.0 a WebSocket binary header followed by the packet's head (the payload follows
+/// every head). Empty when MQTT cannot name the topic or the packet is too large for MQTT.
 fn shared_heads(m: &Message) -> Frame {
-    let Some(name) = to_mqtt_topic(m.topic()) else {
+    let topic = m.topic();
+    let Some(name) = to_mqtt_topic(topic) else {
         return Frame::default();
     };
+    let as_named = !topic.starts_with('$') && matches!(name, Cow::Borrowed(_));
     let p = Publishable::from(m);
     let props = p.properties();
-    let mut out = BytesMut::new();
+    let len = m.payload().len();
+    // Two WebSocket headers of at most 10 bytes, two fixed headers of at most 5, the topic
+    // twice: the 5.0 properties are the only part that may still grow the buffer.
+    let mut out = BytesMut::with_capacity(HEADS_INDEX + 2 * (10 + 5 + 2 + name.len()) + 16);
+    out.put_u8(u8::from(as_named));
+    out.put_u32_le(0);
     for version in [Version::V311, Version::V5] {
+        let at = out.len();
+        if version == Version::V5 {
+            out[1..HEADS_INDEX].copy_from_slice(&(at as u32).to_le_bytes());
+        }
         let prepared = Prepared::new(version, &name, &props, m.payload().clone());
-        let Ok(head) = prepared.head(&Delivery::default()) else {
+        let Ok(head) = prepared.head_len(&Delivery::default()) else {
             return Frame::default();
         };
-        out.put_slice(&ws_header(OpCode::Binary, head.len() + m.payload().len()));
-        out.put_slice(&head);
+        out.put_slice(&ws_header(OpCode::Binary, head + len));
+        prepared
+            .head_into(&Delivery::default(), &mut out)
+            .expect("its length is known");
     }
     Frame {
         head: out.freeze(),
@@ -910,37 +924,39 @@ fn shared_heads(m: &Message) -> Frame {
     }
 }
 
+/// Bytes before the forms in [`shared_heads`]' buffer.
+const HEADS_INDEX: usize = 5;
+
+/// The first byte of [`shared_heads`]' index when the message's MQTT name is its herald topic
+/// and does not start with `$`: every plain subscriber of such a message is sent the shared
+/// packet without looking at its subscriptions (a leading wildcard never matches a `$` name,
+/// and a topic MQTT names differently is matched again in MQTT's terms).
+const AS_NAMED: u8 = 1;
+
+/// Whether [`shared_heads`] made `all` and its message is [`AS_NAMED`].
+fn as_named(all: &Frame) -> bool {
+    all.head.first() == Some(&AS_NAMED)
+}
+
 /// The form of [`shared_heads`] `version` over `framing` sends, sliced out (no copy), and
 /// the length of the MQTT packet it heads.
-fn shared_head(
-    all: &Bytes,
-    payload_len: usize,
-    version: Version,
-    framing: Framing,
-) -> (Bytes, usize) {
-    let mut at = 0;
-    for v in [Version::V311, Version::V5] {
-        let ws = match all[at + 1] {
-            126 => 4,
-            127 => 10,
-            _ => 2,
-        };
-        let packet = &all[at + ws..];
-        let (remaining, len_bytes) = read_varint(&packet[1..], false)
-            .ok()
-            .flatten()
-            .expect("written by shared_heads");
-        let head = 1 + len_bytes + remaining as usize - payload_len;
-        if v == version {
-            let slice = match framing {
-                Framing::Stream => all.slice(at + ws..at + ws + head),
-                Framing::WebSocket => all.slice(at..at + ws + head),
-            };
-            return (slice, head + payload_len);
-        }
-        at += ws + head;
-    }
-    unreachable!("both versions are written")
+fn shared_head(all: &Frame, version: Version, framing: Framing) -> (Bytes, usize) {
+    let heads = &all.head;
+    let v5_at = u32::from_le_bytes(heads[1..HEADS_INDEX].try_into().expect("4 bytes")) as usize;
+    let (at, end) = match version {
+        Version::V5 => (v5_at, heads.len()),
+        _ => (HEADS_INDEX, v5_at),
+    };
+    let ws = match heads[at + 1] {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    };
+    let from = match framing {
+        Framing::Stream => at + ws,
+        Framing::WebSocket => at,
+    };
+    (heads.slice(from..end), end - at - ws + all.body.len())
 }
 
 impl Encoder {
@@ -955,20 +971,22 @@ impl Encoder {
         let topic = message.topic();
         // Most connections: every subscription QoS 0 and plain, a message with no MQTT 5.0
         // properties (a QoS 0 publisher's mark changes nothing here) on a topic MQTT names as
-        // herald does (no `$`, no `+` or `#` in a level), no loss to announce (3.1.1 cannot),
-        // so the packet is the one every such subscriber shares.
+        // herald does (no `$`, no `+` or `#` in a level: [`AS_NAMED`], found once per
+        // message), no loss to announce (3.1.1 cannot), so the packet is the one every such
+        // subscriber shares.
         if group.is_none()
             && s.subs.plain()
             && s.uncredited == 0
             && (s.gaps.is_empty() || s.version == Version::V311)
             && extras::plain(message.extras())
-            && !topic.starts_with('$')
-            && !topic.contains(['+', '#'])
         {
-            if s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
-                return Frame::default();
+            let all = message.encoded(SLOT, shared_heads);
+            if as_named(all) {
+                if s.seen.as_mut().is_some_and(|seen| !seen.delivered(message)) {
+                    return Frame::default();
+                }
+                return self.shared_publish(&mut s, message.topic(), all);
             }
-            return self.shared_publish(&mut s, message);
         }
         let charged = match group {
             Some(_) => None,
@@ -1014,7 +1032,7 @@ impl Encoder {
         let retain = route.retain_as_published && extras.is_some_and(|e| e.retain);
         let lost = s.gaps.take(topic);
         if route.ids.is_empty() && now == 0 && !retain && lost.is_none() {
-            return self.shared_publish(&mut s, message);
+            return self.shared_publish(&mut s, topic, message.encoded(SLOT, shared_heads));
         }
         let delivery = Delivery {
             retain,
@@ -1031,21 +1049,20 @@ impl Encoder {
     }
 
     /// The QoS 0 PUBLISH every plain subscriber of this version and transport is sent: cut
-    /// from the bytes cached in the message; nothing if it exceeds the client's maximum
-    /// packet size (a loss its topic's next message announces).
-    fn shared_publish(&self, s: &mut Outbound, message: &Message) -> Frame {
-        let all = message.encoded(SLOT, shared_heads);
+    /// from the bytes cached in the message (`all`, [`shared_heads`]); nothing if it exceeds
+    /// the client's maximum packet size (a loss `topic`'s next message announces).
+    fn shared_publish(&self, s: &mut Outbound, topic: &str, all: &Frame) -> Frame {
         if all.is_empty() {
             return Frame::default();
         }
-        let (head, packet_len) = shared_head(&all.head, all.body.len(), s.version, self.framing);
+        let (head, packet_len) = shared_head(all, s.version, self.framing);
         if packet_len > s.maximum_packet_size as usize {
-            s.gaps.add(message.topic(), Lost::Count(1));
+            s.gaps.add(topic, Lost::Count(1));
             return Frame::default();
         }
         Frame {
             head,
-            body: all.body,
+            body: all.body.clone(),
         }
     }
 }
@@ -1146,17 +1163,37 @@ mod tests {
                 None,
             );
             let all = shared_heads(&m);
+            assert!(as_named(&all));
             for version in [Version::V311, Version::V5] {
                 let p = Publishable::from(&m);
                 let expected = Prepared::new(version, "a/b", &p.properties(), payload.clone())
                     .head(&Delivery::default())
                     .unwrap();
-                let (bare, n) = shared_head(&all.head, len, version, Framing::Stream);
+                let (bare, n) = shared_head(&all, version, Framing::Stream);
                 assert_eq!((bare.clone(), n), (expected.clone(), expected.len() + len));
-                let (ws, _) = shared_head(&all.head, len, version, Framing::WebSocket);
+                let (ws, _) = shared_head(&all, version, Framing::WebSocket);
                 let header = ws_header(OpCode::Binary, expected.len() + len);
                 assert_eq!(ws, [&header[..], &expected[..]].concat());
             }
+        }
+    }
+
+    /// Only a topic whose MQTT name is the same text, not starting with `$`, lets a plain
+    /// subscriber skip its subscriptions; the others are still encoded, under their MQTT name.
+    #[test]
+    fn the_cached_forms_say_whether_the_topic_is_named_as_in_herald() {
+        for (topic, named, name) in [
+            ("a/b", true, "a/b"),
+            ("$SYS/x", false, "$SYS/x"),
+            ("a/+", false, "a/"),
+            ("#>/x", false, ">/x"),
+        ] {
+            let head = TopicHead::new(topic.into(), "e".into());
+            let m = Message::new(head, 1, PayloadKind::Text, Bytes::new(), None, None);
+            let all = shared_heads(&m);
+            assert_eq!(as_named(&all), named, "{topic}");
+            let (bare, _) = shared_head(&all, Version::V311, Framing::Stream);
+            assert_eq!(&bare[4..], name.as_bytes(), "{topic}");
         }
     }
 

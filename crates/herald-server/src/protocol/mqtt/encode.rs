@@ -111,12 +111,21 @@ impl Prepared {
 
     /// A subscriber's head: fixed header, topic, packet identifier, properties.
     pub fn head(&self, d: &Delivery) -> Result<Bytes, TooLarge> {
+        let mut out = BytesMut::new();
+        self.head_into(d, &mut out)?;
+        Ok(out.freeze())
+    }
+
+    /// The length of [`Prepared::head`] for `d`.
+    pub fn head_len(&self, d: &Delivery) -> Result<usize, TooLarge> {
+        let (_, variable, remaining) = self.lengths(d)?;
+        Ok(1 + varint_len(remaining) + variable)
+    }
+
+    /// The 5.0 properties' length, the variable header's and the remaining length of the
+    /// packet `d` makes.
+    fn lengths(&self, d: &Delivery) -> Result<(usize, usize, usize), TooLarge> {
         let v5 = self.version == Version::V5;
-        let with_id = d.qos != QoS::AtMostOnce;
-        let topic: &[u8] = match d.topic_alias {
-            TopicAlias::Use(_) if v5 => &[0, 0],
-            _ => &self.topic,
-        };
         let mut props_len = 0;
         if v5 {
             props_len = self.properties.len();
@@ -130,8 +139,12 @@ impl Prepared {
                 props_len += 1 + varint_len(sid as usize);
             }
         }
-        let variable = topic.len()
-            + if with_id { 2 } else { 0 }
+        let topic = match d.topic_alias {
+            TopicAlias::Use(_) if v5 => 2,
+            _ => self.topic.len(),
+        };
+        let variable = topic
+            + if d.qos != QoS::AtMostOnce { 2 } else { 0 }
             + if v5 {
                 varint_len(props_len) + props_len
             } else {
@@ -141,16 +154,29 @@ impl Prepared {
         if remaining > MAX_VARINT as usize || props_len > MAX_VARINT as usize {
             return Err(TooLarge);
         }
+        Ok((props_len, variable, remaining))
+    }
+
+    /// [`Prepared::head`] appended to `out` (nothing when it is too large), for a caller that
+    /// puts several heads in one buffer.
+    pub fn head_into(&self, d: &Delivery, out: &mut BytesMut) -> Result<(), TooLarge> {
+        let v5 = self.version == Version::V5;
+        let with_id = d.qos != QoS::AtMostOnce;
+        let topic: &[u8] = match d.topic_alias {
+            TopicAlias::Use(_) if v5 => &[0, 0],
+            _ => &self.topic,
+        };
+        let (props_len, variable, remaining) = self.lengths(d)?;
         let first = 0x30 | u8::from(d.dup) << 3 | (d.qos as u8) << 1 | u8::from(d.retain);
-        let mut out = BytesMut::with_capacity(1 + varint_len(remaining) + variable);
+        out.reserve(1 + varint_len(remaining) + variable);
         out.put_u8(first);
-        put_varint(&mut out, remaining);
+        put_varint(out, remaining);
         out.put_slice(topic);
         if with_id {
             out.put_u16(d.packet_id);
         }
         if v5 {
-            put_varint(&mut out, props_len);
+            put_varint(out, props_len);
             if let Some(expiry) = d.message_expiry_interval {
                 out.put_u8(id::MESSAGE_EXPIRY_INTERVAL);
                 out.put_u32(expiry);
@@ -164,11 +190,11 @@ impl Prepared {
             }
             for &sid in d.subscription_identifiers {
                 out.put_u8(id::SUBSCRIPTION_IDENTIFIER);
-                put_varint(&mut out, sid as usize);
+                put_varint(out, sid as usize);
             }
             out.put_slice(&self.properties);
         }
-        Ok(out.freeze())
+        Ok(())
     }
 }
 
