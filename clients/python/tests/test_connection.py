@@ -26,6 +26,7 @@ from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
 import herald_client
+from herald_client import NotConnected
 from herald_client._connection import FRAGMENT, Connection, _Writer
 from herald_client._reader import LARGE, BoundaryReader, BufferPool, FrameReader
 
@@ -272,13 +273,25 @@ async def test_control_frames_wait_for_a_large_frame_being_written_and_a_cut_fra
     sending = asyncio.ensure_future(ws.send_binary(b"h", memoryview(big)))
     await asyncio.sleep(0)
     assert ws._sending is not None
-    ws.protocol.send_ping(b"hi")
-    ws.send_data()  # as websockets answers or pings: held while the frame is being written
+    ws.protocol.send_pong(b"hi")
+    ws.send_data()  # as websockets answers herald's ping: held while the frame is being written
+    # A keepalive ping waits to be sent, and the wait for its pong starts only then.
+    pinging = asyncio.ensure_future(ws.ping(b"ka"))
+    await asyncio.sleep(0)
+    assert not pinging.done()
     assert not ws.write_now(b"{}", text=True)  # a credit waits too
+    await asyncio.sleep(0.1)
     ws.resume_writing()
     await sending
+    pong = await pinging
+    ws.process_event(Frame(Opcode.PONG, b"ka"))
+    assert await pong < 0.05  # the latency from when the ping went, not from when it was asked
     frames = parse_written(written)
-    assert [(f.opcode, bytes(f.data)) for f in frames] == [(Opcode.BINARY, b"h" + big), (Opcode.PING, b"hi")]
+    assert [(f.opcode, bytes(f.data)) for f in frames] == [
+        (Opcode.BINARY, b"h" + big),
+        (Opcode.PONG, b"hi"),
+        (Opcode.PING, b"ka"),
+    ]
     # Cancelled while waiting between its blocks, the frame is cut: no frame could follow it,
     # so the connection is dropped.
     ws.pause_writing()
@@ -288,6 +301,36 @@ async def test_control_frames_wait_for_a_large_frame_being_written_and_a_cut_fra
     with pytest.raises(asyncio.CancelledError):
         await sending
     assert transport.aborted and ws._sending is None
+
+
+@run_async()
+async def test_a_large_frame_that_stops_going_out_drops_the_connection_after_the_ping_timeout() -> None:
+    written: list[bytes] = []
+    ws = open_connection(written)
+    transport = ws.transport
+    assert isinstance(transport, Transport)
+    ws.ping_timeout = 0.2
+    big = memoryview(os.urandom(4 * FRAGMENT))
+    # Slow but going: a block every 0.1 s, each filling the transport's buffer, keeps the connection.
+    transport.fills = True
+    sending = asyncio.ensure_future(ws.send_binary(b"h", big))
+    for _ in range(4):
+        await asyncio.sleep(0.1)
+        ws.resume_writing()
+    await within(sending)
+    assert not transport.aborted
+    transport.fills = False
+    # Stopped: dropped once nothing went out for the ping timeout.
+    ws.pause_writing()
+    sending = asyncio.ensure_future(ws.send_binary(b"h", big))
+    await asyncio.sleep(0.1)
+    assert not transport.aborted
+    await asyncio.sleep(0.2)
+    assert transport.aborted
+    ws.protocol.state = State.CLOSED  # as once the transport reported the connection lost
+    ws.resume_writing()
+    with pytest.raises(NotConnected):
+        await within(sending)
 
 
 @run_async()
@@ -410,6 +453,8 @@ class Transport(asyncio.Transport):
         super().__init__()
         self.written = written
         self.aborted = False
+        # Whether each write fills the buffer (pauses the protocol).
+        self.fills = False
 
     def abort(self) -> None:
         self.aborted = True
@@ -419,6 +464,8 @@ class Transport(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written.append(bytes(data))
+        if self.fills:
+            self.protocol.pause_writing()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self.protocol = protocol

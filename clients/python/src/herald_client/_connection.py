@@ -10,9 +10,8 @@ moves thousands of messages a second, or images of many MiB, more than the proto
   transport's callback, instead of being queued for a task that `recv()`s it and hands it on: no
   task switch per message. Once the handshake is done the client splits the data frames out of
   what the socket gives itself, and websockets parses only the control frames (`_reader.py`). The
-  connection is an asyncio `BufferedProtocol`, so on asyncio's transports the kernel reads small
-  frames into one reused buffer and a large payload straight into its own (uvloop's transports
-  hand it bytes instead, and a large payload is copied into its buffer).
+  connection reads as an asyncio `BufferedProtocol` on asyncio's and uvloop's transports alike:
+  the kernel reads small frames into one reused buffer and a large payload straight into its own.
 - **Out:** a whole message is framed, masked and written to the transport at once (`write_now`),
   without the per-send context manager, lock and drain of `send()` or the frame object, checks and
   `BytesIO` of websockets' serializer, and awaits only when the transport's buffer is full. Credit
@@ -22,11 +21,14 @@ moves thousands of messages a second, or images of many MiB, more than the proto
   the caller's buffer, each masked into a block of its own and written as it is, the first in one
   system call with the frame's header (`_Writer`). One frame, not fragments, also spares herald
   putting the fragments back together. While a large frame is being written, other messages wait
-  and the control frames websockets writes (pings, pongs, the close) are held until it is whole.
+  and the control frames websockets writes (pings, pongs, the close) are held until it is whole;
+  a keepalive ping is sent, and its pong awaited, only then. A frame that stops going out for
+  the ping timeout drops the connection, as the unanswered ping would.
 
 It relies on websockets' asyncio internals besides its public sans-I/O `Protocol`: the
-`create_connection` hook, `process_event`, `data_received`, `send_data`, `drain`, `paused` and
-`response`, the same from websockets 14 to 17 (tests/test_connection.py checks the installed one).
+`create_connection` hook, `process_event`, `data_received`, `send_data`, `ping`, `ping_timeout`,
+`drain`, `paused` and `response`, the same from websockets 14 to 17 (tests/test_connection.py
+checks the installed one).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import asyncio
 import os
 import struct
 from asyncio import selector_events
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
@@ -96,6 +98,9 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         # Set while a large message's frame is being written: nothing else may go into it.
         self._sending: asyncio.Future[None] | None = None
         self._writer: _Writer  # once connected
+        # Blocks of large frames written so far, and the timer that drops a frame that stalls.
+        self._blocks = 0
+        self._stalled: asyncio.TimerHandle | None = None
         self._keys = b""
         self._key_at = 0
 
@@ -256,6 +261,7 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
     async def _send_rest(self, body: memoryview, key: bytes) -> None:
         """Writes the blocks of `body` after its first, masked with `key`."""
         self._sending = self.loop.create_future()
+        self._watch_progress()
         at = FRAGMENT
         try:
             while at < len(body):
@@ -264,15 +270,45 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
                 self._check_open()
                 self.transport.write(apply_mask(body[at : at + FRAGMENT], key))
                 at += FRAGMENT
+                self._blocks += 1
         except BaseException:
             # A frame cut off leaves nothing the server could read after it, not even a close
             # frame: the connection is dropped, and the client reconnects.
             self.transport.abort()
             raise
         finally:
+            if self._stalled is not None:
+                self._stalled.cancel()
+                self._stalled = None
             self._sending.set_result(None)
             self._sending = None
         self.send_data()
+
+    def _watch_progress(self) -> None:
+        """Drops the connection if no block of the frame being written goes out for
+        `ping_timeout`: the keepalive ping, held until the frame is whole, cannot tell a dead peer
+        meanwhile. Nothing when pings have no timeout."""
+        if self.ping_timeout is None:
+            return
+        seen = self._blocks
+
+        def check() -> None:
+            self._stalled = None
+            if self._sending is None:
+                return
+            if self._blocks == seen:
+                self.transport.abort()
+            else:
+                self._watch_progress()
+
+        self._stalled = self.loop.call_later(self.ping_timeout, check)
+
+    async def ping(self, *args: Any, **kwargs: Any) -> Awaitable[float]:
+        """websockets' ping, once the frame being written, if any, is whole: a ping cannot go
+        inside it, and the wait for the pong starts when the ping is sent."""
+        while self._sending is not None:
+            await asyncio.shield(self._sending)
+        return await super().ping(*args, **kwargs)
 
     def send_data(self) -> None:
         """Writes what websockets has to send (control frames, its closing handshake), unless a
