@@ -266,8 +266,7 @@ def masking_keys(wire: bytes) -> list[bytes]:
 async def test_control_frames_wait_for_a_large_frame_being_written_and_a_cut_frame_drops_the_connection() -> None:
     written: list[bytes] = []
     ws = open_connection(written)
-    transport = ws.transport
-    assert isinstance(transport, Transport)
+    transport = fake(ws)
     big = os.urandom(3 * FRAGMENT)
     ws.pause_writing()  # the transport's buffer is full: the frame waits after its first block
     sending = asyncio.ensure_future(ws.send_binary(b"h", memoryview(big)))
@@ -307,8 +306,7 @@ async def test_control_frames_wait_for_a_large_frame_being_written_and_a_cut_fra
 async def test_a_large_frame_that_stops_going_out_drops_the_connection_after_the_ping_timeout() -> None:
     written: list[bytes] = []
     ws = open_connection(written)
-    transport = ws.transport
-    assert isinstance(transport, Transport)
+    transport = fake(ws)
     ws.ping_timeout = 0.2
     big = memoryview(os.urandom(4 * FRAGMENT))
     # Slow but going: a block every 0.1 s, each filling the transport's buffer, keeps the connection.
@@ -435,6 +433,12 @@ async def test_a_masked_frame_from_the_server_fails_the_connection_and_a_close_i
     )
     assert ws.protocol.state is State.CLOSING and ws.protocol.close_rcvd is not None
     assert written and written[-1][0] == 0x88  # the close echoed
+
+
+def fake(ws: Connection) -> Transport:
+    """The test transport `ws` writes to."""
+    assert isinstance(ws.transport, Transport)
+    return ws.transport
 
 
 def open_connection(written: list[bytes]) -> Connection:
