@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import sys
 
 import pytest
@@ -25,7 +26,8 @@ from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
 import herald_client
-from herald_client._connection import FRAGMENT, Connection
+from herald_client import NotConnected
+from herald_client._connection import FRAGMENT, Connection, _Writer
 from herald_client._reader import LARGE, BoundaryReader, BufferPool, FrameReader
 
 CPYTHON_GIL = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
@@ -202,8 +204,38 @@ async def test_what_the_connection_writes_is_masked_frames_of_the_messages() -> 
     assert ws.write_now(b'{"op":"ping"}', text=True)
     assert ws.write_now(bytes(200), text=False)
     await ws.send_message(os.urandom(70_000), text=False)
-    await ws.send_fragments(b"head", memoryview(big))
-    await ws.send_fragments(b"alone", memoryview(b""))
+    # Headers of each length modulo 4: the body's blocks are masked on from where the head ends.
+    for head in (b"head", b"heads", b"header", b"headers"):
+        await ws.send_binary(head, memoryview(big))
+    await ws.send_binary(b"alone", memoryview(b""))
+    await ws.send_binary(b"small", memoryview(b"body"))
+    frames = parse_written(written)
+    assert [(f.opcode, f.fin, len(f.data)) for f in frames] == [
+        (Opcode.TEXT, True, 13),
+        (Opcode.BINARY, True, 200),
+        (Opcode.BINARY, True, 70_000),
+        (Opcode.BINARY, True, 4 + len(big)),
+        (Opcode.BINARY, True, 5 + len(big)),
+        (Opcode.BINARY, True, 6 + len(big)),
+        (Opcode.BINARY, True, 7 + len(big)),
+        (Opcode.BINARY, True, 5),
+        (Opcode.BINARY, True, 9),
+    ]
+    assert frames[0].data == b'{"op":"ping"}'
+    assert [f.data for f in frames[3:]] == [
+        b"head" + big,
+        b"heads" + big,
+        b"header" + big,
+        b"headers" + big,
+        b"alone",
+        b"smallbody",
+    ]
+    # Every frame has a masking key of its own.
+    assert len({bytes(f) for f in masking_keys(b"".join(written))}) == len(frames)
+
+
+def parse_written(written: list[bytes]) -> list[Frame]:
+    """The client frames in what a connection wrote, unmasked."""
     reader = StreamReader()
     reader.feed_data(b"".join(written))
     reader.feed_eof()
@@ -213,22 +245,122 @@ async def test_what_the_connection_writes_is_masked_frames_of_the_messages() -> 
         with pytest.raises(StopIteration) as done:
             next(parse)
         frames.append(done.value.value)
-    assert [(f.opcode, f.fin, len(f.data)) for f in frames] == [
-        (Opcode.TEXT, True, 13),
-        (Opcode.BINARY, True, 200),
-        (Opcode.BINARY, True, 70_000),
-        (Opcode.BINARY, False, 4),
-        (Opcode.CONT, False, FRAGMENT),
-        (Opcode.CONT, False, FRAGMENT),
-        (Opcode.CONT, False, FRAGMENT),
-        (Opcode.CONT, True, 5),
-        (Opcode.BINARY, False, 5),
-        (Opcode.CONT, True, 0),
+    return frames
+
+
+def masking_keys(wire: bytes) -> list[bytes]:
+    """The masking key of each client frame in `wire`."""
+    keys, at = [], 0
+    while at < len(wire):
+        n, start = wire[at + 1] & 0x7F, at + 2
+        if n == 126:
+            n, start = int.from_bytes(wire[start : start + 2], "big"), start + 2
+        elif n == 127:
+            n, start = int.from_bytes(wire[start : start + 8], "big"), start + 8
+        keys.append(wire[start : start + 4])
+        at = start + 4 + n
+    return keys
+
+
+@run_async()
+async def test_control_frames_wait_for_a_large_frame_being_written_and_a_cut_frame_drops_the_connection() -> None:
+    written: list[bytes] = []
+    ws = open_connection(written)
+    transport = fake(ws)
+    big = os.urandom(3 * FRAGMENT)
+    ws.pause_writing()  # the transport's buffer is full: the frame waits after its first block
+    sending = asyncio.ensure_future(ws.send_binary(b"h", memoryview(big)))
+    await asyncio.sleep(0)
+    assert ws._sending is not None
+    ws.protocol.send_pong(b"hi")
+    ws.send_data()  # as websockets answers herald's ping: held while the frame is being written
+    # A keepalive ping waits to be sent, and the wait for its pong starts only then.
+    pinging = asyncio.ensure_future(ws.ping(b"ka"))
+    await asyncio.sleep(0)
+    assert not pinging.done()
+    assert not ws.write_now(b"{}", text=True)  # a credit waits too
+    await asyncio.sleep(0.1)
+    ws.resume_writing()
+    await sending
+    pong = await pinging
+    ws.process_event(Frame(Opcode.PONG, b"ka"))
+    assert await pong < 0.05  # the latency from when the ping went, not from when it was asked
+    frames = parse_written(written)
+    assert [(f.opcode, bytes(f.data)) for f in frames] == [
+        (Opcode.BINARY, b"h" + big),
+        (Opcode.PONG, b"hi"),
+        (Opcode.PING, b"ka"),
     ]
-    assert frames[0].data == b'{"op":"ping"}' and b"".join(f.data for f in frames[4:8]) == big
-    # Every frame has a masking key of its own.
-    keys = {bytes(w[-4:]) for w in written if len(w) <= 14}
-    assert len(keys) >= 6
+    # Cancelled while waiting between its blocks, the frame is cut: no frame could follow it,
+    # so the connection is dropped.
+    ws.pause_writing()
+    sending = asyncio.ensure_future(ws.send_binary(b"h", memoryview(big)))
+    await asyncio.sleep(0)
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    assert transport.aborted and ws._sending is None
+
+
+@run_async()
+async def test_a_large_frame_that_stops_going_out_drops_the_connection_after_the_ping_timeout() -> None:
+    written: list[bytes] = []
+    ws = open_connection(written)
+    transport = fake(ws)
+    ws.ping_timeout = 0.2
+    big = memoryview(os.urandom(4 * FRAGMENT))
+    # Slow but going: a block every 0.1 s, each filling the transport's buffer, keeps the connection.
+    transport.fills = True
+    sending = asyncio.ensure_future(ws.send_binary(b"h", big))
+    for _ in range(4):
+        await asyncio.sleep(0.1)
+        ws.resume_writing()
+    await within(sending)
+    assert not transport.aborted
+    transport.fills = False
+    # Stopped: dropped once nothing went out for the ping timeout.
+    ws.pause_writing()
+    sending = asyncio.ensure_future(ws.send_binary(b"h", big))
+    await asyncio.sleep(0.1)
+    assert not transport.aborted
+    await asyncio.sleep(0.2)
+    assert transport.aborted
+    ws.protocol.state = State.CLOSED  # as once the transport reported the connection lost
+    ws.resume_writing()
+    with pytest.raises(NotConnected):
+        await within(sending)
+
+
+@run_async()
+async def test_parts_written_together_arrive_whole_and_in_order_when_the_socket_takes_only_some() -> None:
+    received = bytearray()
+    done = asyncio.Event()
+    expected = 0
+
+    async def collect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while len(received) < expected:
+            await asyncio.sleep(0.01)  # the writer's socket fills meanwhile
+            received.extend(await reader.read(1 << 20))
+        done.set()
+        writer.close()
+
+    server = await asyncio.start_server(collect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, sock=sock)
+    writer = _Writer(transport)
+    parts = [(os.urandom(14), os.urandom(300_000), os.urandom(3)) for _ in range(4)]
+    wire = b"".join(b"".join(p) + b"between" for p in parts)
+    expected = len(wire)
+    for p in parts:
+        writer.write(p)
+        transport.write(b"between")  # behind what the socket did not take
+    await within(done.wait())
+    assert bytes(received) == wire
+    transport.close()
+    server.close()
+    await server.wait_closed()
 
 
 def receive(ws: Connection, wire: bytes, chunk: int = 1000) -> None:
@@ -303,6 +435,12 @@ async def test_a_masked_frame_from_the_server_fails_the_connection_and_a_close_i
     assert written and written[-1][0] == 0x88  # the close echoed
 
 
+def fake(ws: Connection) -> Transport:
+    """The test transport `ws` writes to."""
+    assert isinstance(ws.transport, Transport)
+    return ws.transport
+
+
 def open_connection(written: list[bytes]) -> Connection:
     """A connection as after the handshake, writing into `written`."""
     ws = Connection(ClientProtocol(parse_uri("ws://127.0.0.1/ws")))
@@ -313,14 +451,25 @@ def open_connection(written: list[bytes]) -> Connection:
 
 
 class Transport(asyncio.Transport):
-    """Keeps what is written."""
+    """Keeps what is written, and whether it was aborted."""
 
     def __init__(self, written: list[bytes]) -> None:
         super().__init__()
         self.written = written
+        self.aborted = False
+        # Whether each write fills the buffer (pauses the protocol).
+        self.fills = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.aborted
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written.append(bytes(data))
+        if self.fills:
+            self.protocol.pause_writing()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self.protocol = protocol

@@ -62,11 +62,6 @@ TokenSource: TypeAlias = str | Callable[[], str | Awaitable[str]]
 Handler: TypeAlias = Callable[[Message], Awaitable[None] | None]
 GapHandler: TypeAlias = Callable[[GapError], Awaitable[None] | None]
 
-# Payloads up to this size are joined to their header into one frame (a cheap copy); larger ones
-# go as further fragments of the same message, views of the caller's buffer, so the client never
-# copies them itself (_connection.py).
-_JOIN_BELOW = 64 * 1024
-
 
 class _Ticket:
     """The lossless credit one live message spent at herald: granted back once every lossless
@@ -642,10 +637,8 @@ class Client:
         try:
             if binary is None:
                 await ws.send_message(encode_json(body), text=True)
-            elif len(binary) < _JOIN_BELOW:
-                await ws.send_message(encode_head(body) + binary, text=False)
             else:
-                await ws.send_fragments(encode_head(body), memoryview(binary))
+                await ws.send_binary(encode_head(body), memoryview(binary))
         except (ConnectionClosed, OSError):
             raise NotConnected("the connection closed while sending") from None
 
@@ -960,7 +953,7 @@ class Client:
             asyncio.get_running_loop().call_soon(self._grant)
 
     def _grant(self) -> None:
-        """Writes the credit owed, one `credit` per pattern; while a fragmented message is being
+        """Writes the credit owed, one `credit` per pattern; while a large message is being
         written on the connection, a task sends it after that."""
         self._grant_soon = False
         ws = self._ws

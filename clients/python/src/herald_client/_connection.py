@@ -10,21 +10,25 @@ moves thousands of messages a second, or images of many MiB, more than the proto
   transport's callback, instead of being queued for a task that `recv()`s it and hands it on: no
   task switch per message. Once the handshake is done the client splits the data frames out of
   what the socket gives itself, and websockets parses only the control frames (`_reader.py`). The
-  connection is an asyncio `BufferedProtocol`, so on asyncio's transports the kernel reads small
-  frames into one reused buffer and a large payload straight into its own (uvloop's transports
-  hand it bytes instead, and a large payload is copied into its buffer).
+  connection reads as an asyncio `BufferedProtocol` on asyncio's and uvloop's transports alike:
+  the kernel reads small frames into one reused buffer and a large payload straight into its own.
 - **Out:** a whole message is framed, masked and written to the transport at once (`write_now`),
   without the per-send context manager, lock and drain of `send()` or the frame object, checks and
   `BytesIO` of websockets' serializer, and awaits only when the transport's buffer is full. Credit
   for lossless subscriptions goes this way, synchronously, the moment a message is handled. A
-  large message goes as fragments that are views of the caller's buffer (`send_fragments`), each
-  masked into a block of its own and written after its header, not copied again; one message at a
-  time: `write_now` waits for it rather than interleave. websockets still writes the control
-  frames (pings, pongs, the close), which may go between fragments.
+  binary message goes as one frame whose JSON header and payload are never joined
+  (`send_binary`): the header is masked on its own and the payload in blocks that are views of
+  the caller's buffer, each masked into a block of its own and written as it is, the first in one
+  system call with the frame's header (`_Writer`). One frame, not fragments, also spares herald
+  putting the fragments back together. While a large frame is being written, other messages wait
+  and the control frames websockets writes (pings, pongs, the close) are held until it is whole;
+  a keepalive ping is sent, and its pong awaited, only then. A frame that stops going out for
+  the ping timeout drops the connection, as the unanswered ping would.
 
 It relies on websockets' asyncio internals besides its public sans-I/O `Protocol`: the
-`create_connection` hook, `process_event`, `data_received`, `send_data`, `drain`, `paused` and
-`response`, the same from websockets 14 to 17 (tests/test_connection.py checks the installed one).
+`create_connection` hook, `process_event`, `data_received`, `send_data`, `ping`, `ping_timeout`,
+`drain`, `paused` and `response`, the same from websockets 14 to 17 (tests/test_connection.py
+checks the installed one).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-from collections.abc import Callable
+from asyncio import selector_events
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
@@ -52,15 +57,19 @@ from ._errors import NotConnected
 # transport reads at most this much at a time too).
 _READ = 64 * 1024
 
-# The size of the fragments of a large message. Each is masked into a new block; below glibc's
-# default mmap threshold (128 KiB) those blocks come from the heap and are reused, where blocks as
-# large as the payload would be mapped and page-faulted in for every message.
+# The size of the blocks a binary payload is masked in, a multiple of 4 (the key's length). Each is
+# masked into a new block; below glibc's default mmap threshold (128 KiB) those blocks come from
+# the heap and are reused, where blocks as large as the payload would be mapped and page-faulted
+# in for every message.
 FRAGMENT = 124 * 1024
 
 # Masking keys are drawn from os.urandom this many at a time (one system call for many frames).
 _KEYS = 1024
 
 _TEXT, _BINARY, _CONT, _FIN = 0x1, 0x2, 0x0, 0x80
+
+# asyncio's transport of a plain (not TLS) socket, where `_Writer` may write to the socket itself.
+_PlainTransport: type | None = getattr(selector_events, "_SelectorSocketTransport", None)
 
 Receiver = Callable[[str | bytes | bytearray], None]
 
@@ -86,8 +95,12 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         self._frames = _reader.FrameReader(_reader.BufferPool(), self._data_frame, self._other_frame)
         self._own = False
         self._in_space = False
-        # Set while a fragmented message is being written: nothing else may go between its frames.
+        # Set while a large message's frame is being written: nothing else may go into it.
         self._sending: asyncio.Future[None] | None = None
+        self._writer: _Writer  # once connected
+        # Blocks of large frames written so far, and the timer that drops a frame that stalls.
+        self._blocks = 0
+        self._stalled: asyncio.TimerHandle | None = None
         self._keys = b""
         self._key_at = 0
 
@@ -112,6 +125,7 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         # as websockets' connection) may read through `data_received` (uvloop's do): with only a
         # `BufferedProtocol` in front of it, every transport reads through `get_buffer`.
         transport.set_protocol(_Reads(self))
+        self._writer = _Writer(self.transport)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._in_space:
@@ -200,31 +214,18 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         self._key_at = at + 4
         return self._keys[at : at + 4]
 
-    def _frame(self, first: int, data: bytes | memoryview) -> tuple[bytes, bytes]:
-        """A client frame of `data` (`first`: FIN and opcode): its header with the masking key,
-        and the masked payload."""
-        key = self._key()
-        n = len(data)
-        if n < 126:
-            head = struct.pack("!BB", first, 0x80 | n)
-        elif n < 65536:
-            head = struct.pack("!BBH", first, 0xFE, n)
-        else:
-            head = struct.pack("!BBQ", first, 0xFF, n)
-        return head + key, apply_mask(data, key)
-
     def write_now(self, data: bytes, text: bool) -> bool:
-        """Writes one whole message to the transport now; False (nothing written) while a
-        fragmented message is being sent. Raises `NotConnected` unless the connection is open."""
+        """Writes one whole message to the transport now; False (nothing written) while a large
+        message is being written. Raises `NotConnected` unless the connection is open."""
         if self._sending is not None:
             return False
         self._check_open()
-        head, payload = self._frame(_FIN | (_TEXT if text else _BINARY), data)
-        self.transport.write(head + payload)
+        key = self._key()
+        self.transport.write(_header(_FIN | (_TEXT if text else _BINARY), len(data), key) + apply_mask(data, key))
         return True
 
     async def send_message(self, data: bytes, text: bool) -> None:
-        """Writes one whole message, after any fragmented one being sent, and waits while the
+        """Writes one whole message, after any large one being written, and waits while the
         transport's buffer is full."""
         while not self.write_now(data, text):
             assert self._sending is not None
@@ -232,41 +233,139 @@ class Connection(ClientConnection, asyncio.BufferedProtocol):
         if self.paused:
             await self.drain()
 
-    async def send_fragments(self, first: bytes, rest: memoryview) -> None:
-        """Writes one binary message: `first`, then `rest` in fragments of `FRAGMENT` bytes that
-        are views of it, each masked into a block that is written after its header as it is."""
+    async def send_binary(self, head: bytes, body: memoryview) -> None:
+        """Writes one binary message, `head` then `body`, as one frame without joining them:
+        `head` is masked on its own and `body` in blocks of `FRAGMENT` bytes (views of it), each
+        block written as soon as it is masked. Between blocks it waits while the transport's
+        buffer is full; meanwhile nothing else goes into the frame: other messages wait, and the
+        control frames websockets writes are held (`send_data`) until the frame is whole."""
         while self._sending is not None:
             await asyncio.shield(self._sending)
+        self._check_open()
+        key = self._key()
+        # The key as it applies from the body's first byte on (blocks are multiples of 4 bytes).
+        shift = len(head) % 4
+        body_key = key[shift:] + key[:shift]
+        self._writer.write(
+            (
+                _header(_FIN | _BINARY, len(head) + len(body), key),
+                apply_mask(head, key),
+                apply_mask(body[:FRAGMENT], body_key),
+            )
+        )
+        if len(body) > FRAGMENT:
+            await self._send_rest(body, body_key)
+        if self.paused:
+            await self.drain()
+
+    async def _send_rest(self, body: memoryview, key: bytes) -> None:
+        """Writes the blocks of `body` after its first, masked with `key`."""
         self._sending = self.loop.create_future()
-        started = False
+        self._watch_progress()
+        at = FRAGMENT
         try:
-            self._check_open()
-            head, payload = self._frame(_BINARY, first)
-            self.transport.write(head + payload)
-            started = True
-            for at in range(0, len(rest), FRAGMENT):
+            while at < len(body):
                 if self.paused:
                     await self.drain()
                 self._check_open()
-                last = at + FRAGMENT >= len(rest)
-                head, payload = self._frame(_CONT | (_FIN if last else 0), rest[at : at + FRAGMENT])
-                self.transport.write(head)
-                self.transport.write(payload)
-            if not rest:
-                self.transport.write(b"".join(self._frame(_CONT | _FIN, b"")))
-            started = False
-            if self.paused:
-                await self.drain()
+                self.transport.write(apply_mask(body[at : at + FRAGMENT], key))
+                at += FRAGMENT
+                self._blocks += 1
         except BaseException:
-            # A message cut off between its frames leaves the connection unusable: it is failed
-            # (1011) and the client reconnects.
-            if started and self.protocol.state is State.OPEN:
-                self.protocol.fail(CloseCode.INTERNAL_ERROR, "error in fragmented message")
-                self.send_data()
+            # A frame cut off leaves nothing the server could read after it, not even a close
+            # frame: the connection is dropped, and the client reconnects.
+            self.transport.abort()
             raise
         finally:
+            if self._stalled is not None:
+                self._stalled.cancel()
+                self._stalled = None
             self._sending.set_result(None)
             self._sending = None
+        self.send_data()
+
+    def _watch_progress(self) -> None:
+        """Drops the connection if no block of the frame being written goes out for
+        `ping_timeout`: the keepalive ping, held until the frame is whole, cannot tell a dead peer
+        meanwhile. Nothing when pings have no timeout."""
+        if self.ping_timeout is None:
+            return
+        seen = self._blocks
+
+        def check() -> None:
+            self._stalled = None
+            if self._sending is None:
+                return
+            if self._blocks == seen:
+                self.transport.abort()
+            else:
+                self._watch_progress()
+
+        self._stalled = self.loop.call_later(self.ping_timeout, check)
+
+    async def ping(self, *args: Any, **kwargs: Any) -> Awaitable[float]:
+        """websockets' ping, once the frame being written, if any, is whole: a ping cannot go
+        inside it, and the wait for the pong starts when the ping is sent."""
+        while self._sending is not None:
+            await asyncio.shield(self._sending)
+        return await super().ping(*args, **kwargs)
+
+    def send_data(self) -> None:
+        """Writes what websockets has to send (control frames, its closing handshake), unless a
+        large message's frame is being written: then once it is whole."""
+        if self._sending is None:
+            super().send_data()
+
+
+def _header(first: int, n: int, key: bytes) -> bytes:
+    """The header of a client frame of `n` payload bytes (`first`: FIN and opcode), with its
+    masking key."""
+    if n < 126:
+        return struct.pack("!BB", first, 0x80 | n) + key
+    if n < 65536:
+        return struct.pack("!BBH", first, 0xFE, n) + key
+    return struct.pack("!BBQ", first, 0xFF, n) + key
+
+
+class _Writer:
+    """Writes several buffers to a transport as one, without joining them: through the
+    transport's `writelines` where it writes them as they are (uvloop's, asyncio's from Python
+    3.12), else, on asyncio's plain socket transport with nothing buffered, in one `writev` on its
+    socket, the transport taking what the socket did not; else joined."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.write: Callable[[tuple[bytes, ...]], None] = self._join
+        if type(transport).writelines is not asyncio.WriteTransport.writelines:
+            self.write = transport.writelines
+            return
+        sock = transport.get_extra_info("socket")
+        if _PlainTransport is not None and isinstance(transport, _PlainTransport) and sock is not None:
+            self._sock = sock
+            self.write = self._writev
+
+    def _join(self, parts: tuple[bytes, ...]) -> None:
+        self._transport.write(b"".join(parts))
+
+    def _writev(self, parts: tuple[bytes, ...]) -> None:
+        transport = self._transport
+        fd = self._sock.fileno()
+        if fd < 0 or transport.is_closing() or transport.get_write_buffer_size():
+            self._join(parts)
+            return
+        try:
+            n = os.writev(fd, parts)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self._join(parts)  # the transport meets the error again and closes as it does
+            return
+        for part in parts:
+            if n >= len(part):
+                n -= len(part)
+                continue
+            transport.write(memoryview(part)[n:])
+            n = 0
 
 
 _DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
