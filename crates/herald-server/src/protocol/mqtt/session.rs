@@ -904,6 +904,17 @@ mod tests {
         packet(0x30 | qos << 1 | u8::from(retain), &body)
     }
 
+    /// A QoS 1 PUBLISH from a client, of any size.
+    fn large_qos1(topic: &str, id: u16, payload: &[u8]) -> BytesMut {
+        let mut body = string(topic);
+        body.extend(id.to_be_bytes());
+        body.extend_from_slice(payload);
+        let mut packet = BytesMut::from(&[0x32][..]);
+        crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
+        packet.extend_from_slice(&body);
+        packet
+    }
+
     /// A client connected at `level` with a client identifier of its own.
     async fn connected(node: &Arc<Node>, level: u8) -> Client {
         static IDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -1246,13 +1257,10 @@ mod tests {
         // messages, so that they go at QoS 1 (a QoS 0 one goes at QoS 0).
         let mut publisher = connected(&node, 4).await;
         for i in 0..100u8 {
-            let mut body = string("big");
-            body.extend([0, i + 1]);
-            body.extend(vec![i; 64 << 10]);
-            let mut packet = BytesMut::from(&[0x32][..]);
-            crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
-            packet.extend_from_slice(&body);
-            publisher.send(&packet).await;
+            let payload = vec![i; 64 << 10];
+            publisher
+                .send(&large_qos1("big", u16::from(i) + 1, &payload))
+                .await;
         }
         for _ in 0..100 {
             assert_eq!(publisher.packet().await.0, 0x40, "all published");
@@ -1294,22 +1302,18 @@ mod tests {
         old.send(&subscribe(4, 1, "u", 1)).await;
         assert_eq!(old.packet().await.0, 0x90);
         // The first message is larger than the socket buffers between herald and a client
-        // that does not read (a few KiB here, at most 4 MiB on herald's side by Linux's default; the message stays
-        // within `max_outbound_bytes`): its write does
-        // not end, and the messages after it stay in the connection's queue.
+        // that does not read (a few KiB here, at most 4 MiB on herald's side by Linux's
+        // default) and within `max_outbound_bytes`: its write does not end, and the messages
+        // after it stay in the connection's queue.
         let mut publisher = connected(&node, 4).await;
         let big = vec![7u8; 8 << 20];
         for (i, payload) in [&big[..], b"1", b"2", b"3", b"4", b"5"]
             .into_iter()
             .enumerate()
         {
-            let mut body = string("u");
-            body.extend([0, i as u8 + 1]);
-            body.extend_from_slice(payload);
-            let mut packet = BytesMut::from(&[0x32][..]);
-            crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
-            packet.extend_from_slice(&body);
-            publisher.send(&packet).await;
+            publisher
+                .send(&large_qos1("u", i as u16 + 1, payload))
+                .await;
             assert_eq!(publisher.packet().await.0, 0x40, "accepted");
         }
         let mut taker = Client::new(&node).await;
