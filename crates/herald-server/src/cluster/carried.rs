@@ -451,7 +451,7 @@ const EXTRAS_ROOM: usize = 128 << 10;
 /// length runs past the section, or a known field that no node writes so, is malformed.
 /// Every length is checked against the bytes left before anything is taken.
 pub mod extras {
-    use super::Reject;
+    use crate::cluster::carried::Reject;
     use bytes::{BufMut, Bytes, BytesMut};
     use herald_core::extras::Extras;
     use std::sync::Arc;
