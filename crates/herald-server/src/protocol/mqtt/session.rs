@@ -1253,8 +1253,10 @@ mod tests {
         assert_eq!(stuck.packet().await.0, 0x20);
         stuck.send(&subscribe(4, 1, "big", 1)).await;
         assert_eq!(stuck.packet().await.0, 0x90);
-        // More than the socket buffers hold: the rest waits in the connection's queue. QoS 1
-        // messages, so that they go at QoS 1 (a QoS 0 one goes at QoS 0).
+        // More than a client that does not read takes in: herald holds the rest. QoS 1
+        // messages, so that they go at QoS 1 (a QoS 0 one goes at QoS 0). With a receive
+        // maximum of 65,535 they are all taken for writing before the takeover, as a rule;
+        // what a connection still queues then is the next two tests' subject.
         let mut publisher = connected(&node, 4).await;
         for i in 0..100u8 {
             let payload = vec![i; 64 << 10];
