@@ -8,6 +8,17 @@
 //! own (STOMP headers, a reply-to); a protocol that has no place for a field ignores it.
 
 use bytes::Bytes;
+use std::sync::{Arc, LazyLock};
+
+/// The extras of a message published at most once that carries nothing else: one for all of
+/// them, so that such a message costs a reference count, not an allocation, and a protocol
+/// can tell it from one that carries more by its address ([`Extras::is_at_most_once_alone`]).
+static AT_MOST_ONCE: LazyLock<Arc<Extras>> = LazyLock::new(|| {
+    Arc::new(Extras {
+        at_most_once: true,
+        ..Extras::default()
+    })
+});
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Extras {
@@ -30,6 +41,17 @@ pub struct Extras {
 }
 
 impl Extras {
+    /// The one shared [`Extras`] of a message published at most once that carries nothing
+    /// else.
+    pub fn at_most_once_alone() -> Arc<Extras> {
+        AT_MOST_ONCE.clone()
+    }
+
+    /// Whether `extras` is the shared one of [`Extras::at_most_once_alone`].
+    pub fn is_at_most_once_alone(extras: &Arc<Extras>) -> bool {
+        Arc::ptr_eq(extras, &AT_MOST_ONCE)
+    }
+
     /// Whether the message has expired at `now_us`.
     pub fn expired(&self, now_us: u64) -> bool {
         self.expires_us.is_some_and(|at| now_us >= at)

@@ -1,6 +1,7 @@
 //! How a herald message travels on NATS between nodes (and is stored in JetStream): its
-//! `Herald-*` headers, the chunks of a message larger than NATS's `max_payload`, position
-//! announcements, and the optional signature. See docs/cluster.md, "Headers".
+//! `Herald-*` headers, its extras section, the chunks of a message larger than NATS's
+//! `max_payload`, position announcements, and the optional signature. See docs/cluster.md,
+//! "Headers".
 //!
 //! What a node reads from NATS comes from whoever may publish on the NATS account, so it is
 //! decoded by one pure function, [`open`], that checks everything before anything is
@@ -10,10 +11,12 @@ use anyhow::{bail, Context};
 use async_nats::HeaderMap;
 use bytes::{Bytes, BytesMut};
 use herald_core::engine::Recalled;
+use herald_core::extras::Extras;
 use herald_core::request::{PayloadKind, Publish};
 use ring::hmac;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 pub const ORIGIN: &str = "Herald-Origin";
 pub const EPOCH: &str = "Herald-Epoch";
@@ -30,6 +33,10 @@ const SIGNED: [&str; 7] = [ORIGIN, EPOCH, SEQ, KIND, CONTENT_TYPE, STAMP, CHUNK]
 const MAX_ID: usize = 64;
 /// `Herald-Kind` of a position announcement (see [`Departure::mark`]).
 const MARK: &str = "mark";
+/// What follows the kind (`binary` or `text`) in `Herald-Kind` when the message begins with an
+/// extras section of that many bytes ([`extras`]); a node that does not know the section
+/// refuses the unknown kind rather than taking the section for payload.
+const WITH_EXTRAS: &str = ";extras=";
 /// Room left in each NATS message for the headers above.
 pub const HEADER_ROOM: usize = 4096;
 /// A message (or announcement) on its way to NATS.
@@ -37,6 +44,8 @@ pub struct Departure {
     pub subject: String,
     pub headers: HeaderMap,
     pub payload: Bytes,
+    /// What the message carries besides, sent as its extras section ([`Departure::leaving`]).
+    extras: Option<Arc<Extras>>,
     /// A position announcement ([`Departure::mark`]), not counted as a message.
     pub mark: bool,
 }
@@ -66,6 +75,7 @@ impl Departure {
             subject,
             headers,
             payload: p.payload.clone(),
+            extras: p.extras.clone(),
             mark: false,
         }
     }
@@ -80,8 +90,27 @@ impl Departure {
             subject,
             headers,
             payload: Bytes::new(),
+            extras: None,
             mark: true,
         }
+    }
+
+    /// What goes on NATS for this message handed over at `now_us`: its headers and its body,
+    /// the payload preceded by its extras section if it has extras (their expiry as the time
+    /// left now, so that the time it waited here counts). Chunked, signed and sent as is.
+    pub fn leaving(&self, now_us: u64) -> (HeaderMap, Bytes) {
+        let Some(e) = &self.extras else {
+            return (self.headers.clone(), self.payload.clone());
+        };
+        let section = extras::encode(e, now_us);
+        let mut headers = self.headers.clone();
+        let kind = headers.get(KIND).map_or("binary", |k| k.as_str());
+        let kind = format!("{kind}{WITH_EXTRAS}{}", section.len());
+        headers.insert(KIND, kind.as_str());
+        let mut body = BytesMut::with_capacity(section.len() + self.payload.len());
+        body.extend_from_slice(&section);
+        body.extend_from_slice(&self.payload);
+        (headers, body.freeze())
     }
 }
 
@@ -104,7 +133,7 @@ pub enum Reject {
     /// A `Herald-Chunk` that is no `i/n` with `i < n` and `n ≥ 2`, or parts whose sizes do not
     /// add up to one message.
     Chunk,
-    /// A chunked message announcing (or reaching) more than `max_message_bytes`.
+    /// A chunked message announcing (or reaching) more than [`body_limit`].
     TooLarge,
     /// No `Herald-Signature` while the cluster key is set.
     Unsigned,
@@ -280,9 +309,36 @@ pub struct Carried {
     /// A position announcement, not a message (no payload, no chunk).
     pub mark: bool,
     kind: PayloadKind,
+    /// The size of the extras section the message (once whole) begins with, if any.
+    extras: Option<usize>,
     content_type: Option<String>,
     /// The publisher's `stamp` time (µs).
     pub stamp: Option<u64>,
+}
+
+/// `Herald-Kind`: absent (binary), `text`, `mark`, or `binary` or `text` followed by
+/// [`WITH_EXTRAS`] and the section's size (at least 1: its version). The size is checked
+/// against the message's own size once the message is whole ([`Carried::publish`]).
+fn kind(value: Option<&str>) -> Result<(bool, PayloadKind, Option<usize>), Reject> {
+    let Some(value) = value else {
+        return Ok((false, PayloadKind::Binary, None));
+    };
+    let (kind, extras) = match value.split_once(WITH_EXTRAS) {
+        None => (value, None),
+        Some((kind, size)) => {
+            let size = decimal(size)
+                .and_then(|s| usize::try_from(s).ok())
+                .filter(|s| *s >= 1)
+                .ok_or(Reject::Malformed)?;
+            (kind, Some(size))
+        }
+    };
+    match (kind, extras) {
+        ("text", extras) => Ok((false, PayloadKind::Text, extras)),
+        ("binary", Some(size)) => Ok((false, PayloadKind::Binary, Some(size))),
+        (MARK, None) => Ok((true, PayloadKind::Binary, None)),
+        _ => Err(Reject::Malformed),
+    }
 }
 
 /// Decodes a message read from NATS on `subject`: with `key`, its signature first (nothing
@@ -310,18 +366,17 @@ pub fn open(
         .and_then(decimal)
         .filter(|s| (1..u64::MAX).contains(s))
         .ok_or(Reject::Malformed)?;
-    let (mark, kind) = match header(KIND) {
-        None => (false, PayloadKind::Binary),
-        Some("text") => (false, PayloadKind::Text),
-        Some(MARK) => (true, PayloadKind::Binary),
-        Some(_) => return Err(Reject::Malformed),
-    };
+    let (mark, kind, extras) = kind(header(KIND))?;
     let stamp = match header(STAMP) {
         None => None,
         Some(s) => Some(decimal(s).ok_or(Reject::Malformed)?),
     };
     let chunk = header(CHUNK).map(Chunk::parse).transpose()?;
     if mark && (!payload.is_empty() || chunk.is_some()) {
+        return Err(Reject::Malformed);
+    }
+    // Whole, the message must hold its section; a chunk is checked once put back together.
+    if chunk.is_none() && extras.is_some_and(|size| size > payload.len()) {
         return Err(Reject::Malformed);
     }
     Ok(Carried {
@@ -331,31 +386,218 @@ pub fn open(
         chunk,
         mark,
         kind,
+        extras,
         content_type: header(CONTENT_TYPE).map(str::to_owned),
         stamp,
     })
 }
 
 impl Carried {
-    pub fn publish(&self, topic: String, payload: Bytes) -> Publish {
-        Publish {
+    /// The message whose whole body (its extras section, if any, then its payload) is `body`,
+    /// received at `arrived_us`: its expiry counts from then. Refused when the body does not
+    /// hold the section its `Herald-Kind` announces, or the section is malformed.
+    pub fn publish(&self, topic: String, body: Bytes, arrived_us: u64) -> Result<Publish, Reject> {
+        let (extras, payload) = match self.extras {
+            None => (None, body),
+            Some(size) if size <= body.len() => {
+                let extras = extras::decode(&body[..size], arrived_us)?;
+                (extras, body.slice(size..))
+            }
+            Some(_) => return Err(Reject::Malformed),
+        };
+        Ok(Publish {
             id: None,
             topic: topic.into(),
             payload,
             kind: self.kind,
             content_type: self.content_type.clone(),
             stamp: self.stamp.is_some(),
-            extras: None,
-        }
+            extras,
+        })
     }
 
-    /// The message as read back from a store that received it at `stored_us`.
-    pub fn recalled(&self, topic: String, payload: Bytes, stored_us: u64) -> Recalled {
-        Recalled {
-            publish: self.publish(topic, payload),
+    /// The message as read back from a store that received it at `stored_us` (its expiry
+    /// counts from then).
+    pub fn recalled(&self, topic: String, body: Bytes, stored_us: u64) -> Result<Recalled, Reject> {
+        Ok(Recalled {
+            publish: self.publish(topic, body, stored_us)?,
             seq: self.seq,
             at_us: self.stamp.unwrap_or(stored_us),
+        })
+    }
+}
+
+/// Most bytes a whole carried message may have: `max_message_bytes` of payload, and room for
+/// an extras section as large as an MQTT packet's properties may be (64 KiB over the payload
+/// limit) with its framing (at most 2 bytes more per 16 KiB of it).
+pub fn body_limit(max_message_bytes: usize) -> usize {
+    max_message_bytes
+        .saturating_add(max_message_bytes / 4096)
+        .saturating_add(EXTRAS_ROOM)
+}
+
+/// See [`body_limit`].
+const EXTRAS_ROOM: usize = 128 << 10;
+
+/// The extras section: what a message carries besides herald's own fields
+/// ([`herald_core::extras`]), in front of its payload.
+///
+/// A version byte (1), then fields, each a tag byte, a length (LEB128, at most 5 bytes) and
+/// that many bytes: 1 the expiry as µs left when the message left its node (8 bytes, big
+/// endian), 2 retain and 3 at most once (empty: present means set), 4 the response topic
+/// (UTF-8), 5 the correlation data, 6 a user property (its name's length as LEB128, the name,
+/// the value; both UTF-8), repeated in order. A field of another tag is skipped, and a section
+/// of another version is ignored whole, so that a later node may add to it; a field whose
+/// length runs past the section, or a known field that no node writes so, is malformed.
+/// Every length is checked against the bytes left before anything is taken.
+pub mod extras {
+    use crate::cluster::carried::Reject;
+    use bytes::{BufMut, Bytes, BytesMut};
+    use herald_core::extras::Extras;
+    use std::sync::Arc;
+
+    const VERSION: u8 = 1;
+    const EXPIRY: u8 = 1;
+    const RETAIN: u8 = 2;
+    const AT_MOST_ONCE: u8 = 3;
+    const RESPONSE_TOPIC: u8 = 4;
+    const CORRELATION: u8 = 5;
+    const USER_PROPERTY: u8 = 6;
+
+    fn put_len(buf: &mut BytesMut, mut n: usize) {
+        while n >= 0x80 {
+            buf.put_u8((n as u8 & 0x7F) | 0x80);
+            n >>= 7;
         }
+        buf.put_u8(n as u8);
+    }
+
+    fn put_field(buf: &mut BytesMut, tag: u8, value: &[u8]) {
+        buf.put_u8(tag);
+        put_len(buf, value.len());
+        buf.put_slice(value);
+    }
+
+    /// The section of `e` for a message leaving at `now_us`.
+    pub fn encode(e: &Extras, now_us: u64) -> BytesMut {
+        let mut buf = BytesMut::with_capacity(16 + e.size());
+        buf.put_u8(VERSION);
+        if let Some(at) = e.expires_us {
+            put_field(&mut buf, EXPIRY, &at.saturating_sub(now_us).to_be_bytes());
+        }
+        if e.retain {
+            put_field(&mut buf, RETAIN, &[]);
+        }
+        if e.at_most_once {
+            put_field(&mut buf, AT_MOST_ONCE, &[]);
+        }
+        if let Some(topic) = &e.response_topic {
+            put_field(&mut buf, RESPONSE_TOPIC, topic.as_bytes());
+        }
+        if let Some(data) = &e.correlation {
+            put_field(&mut buf, CORRELATION, data);
+        }
+        for (name, value) in &e.user_properties {
+            let mut property = BytesMut::with_capacity(5 + name.len() + value.len());
+            put_len(&mut property, name.len());
+            property.put_slice(name.as_bytes());
+            property.put_slice(value.as_bytes());
+            put_field(&mut buf, USER_PROPERTY, &property);
+        }
+        buf
+    }
+
+    /// Reads a length: at most 5 bytes, fitting u32.
+    fn take_len(bytes: &mut &[u8]) -> Result<usize, Reject> {
+        let mut n: u64 = 0;
+        for i in 0..5 {
+            let (&b, rest) = bytes.split_first().ok_or(Reject::Malformed)?;
+            *bytes = rest;
+            n |= u64::from(b & 0x7F) << (7 * i);
+            if b & 0x80 == 0 {
+                return u32::try_from(n)
+                    .map(|n| n as usize)
+                    .map_err(|_| Reject::Malformed);
+            }
+        }
+        Err(Reject::Malformed)
+    }
+
+    /// Takes `n` bytes, if that many are left.
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], Reject> {
+        if n > bytes.len() {
+            return Err(Reject::Malformed);
+        }
+        let (taken, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Ok(taken)
+    }
+
+    fn text(bytes: &[u8]) -> Result<&str, Reject> {
+        std::str::from_utf8(bytes).map_err(|_| Reject::Malformed)
+    }
+
+    /// The extras of a section, for a message that arrived at `arrived_us`: none when it holds
+    /// nothing this node knows.
+    pub fn decode(section: &[u8], arrived_us: u64) -> Result<Option<Arc<Extras>>, Reject> {
+        let Some((&version, mut fields)) = section.split_first() else {
+            return Err(Reject::Malformed);
+        };
+        if version != VERSION {
+            return Ok(None);
+        }
+        let mut e = Extras::default();
+        while !fields.is_empty() {
+            let tag = take(&mut fields, 1)?[0];
+            let len = take_len(&mut fields)?;
+            let value = take(&mut fields, len)?;
+            let once = |present: bool| {
+                if present {
+                    Err(Reject::Malformed)
+                } else {
+                    Ok(())
+                }
+            };
+            match tag {
+                EXPIRY => {
+                    once(e.expires_us.is_some())?;
+                    let left = <[u8; 8]>::try_from(value).map_err(|_| Reject::Malformed)?;
+                    e.expires_us = Some(arrived_us.saturating_add(u64::from_be_bytes(left)));
+                }
+                RETAIN | AT_MOST_ONCE => {
+                    let flag = if tag == RETAIN {
+                        &mut e.retain
+                    } else {
+                        &mut e.at_most_once
+                    };
+                    once(*flag || !value.is_empty())?;
+                    *flag = true;
+                }
+                RESPONSE_TOPIC => {
+                    once(e.response_topic.is_some())?;
+                    e.response_topic = Some(text(value)?.into());
+                }
+                CORRELATION => {
+                    once(e.correlation.is_some())?;
+                    e.correlation = Some(Bytes::copy_from_slice(value));
+                }
+                USER_PROPERTY => {
+                    let mut property = value;
+                    let name_len = take_len(&mut property)?;
+                    let name = text(take(&mut property, name_len)?)?;
+                    let value = text(property)?;
+                    e.user_properties.push((name.to_owned(), value.to_owned()));
+                }
+                _ => {}
+            }
+        }
+        Ok(if e == Extras::default() {
+            None
+        } else if e == *Extras::at_most_once_alone() {
+            Some(Extras::at_most_once_alone())
+        } else {
+            Some(Arc::new(e))
+        })
     }
 }
 
@@ -607,6 +849,124 @@ mod tests {
             open("s", Some(&h), b"", None).unwrap_err(),
             Reject::Malformed
         );
+    }
+
+    fn publish(extras: Option<Extras>) -> Publish {
+        Publish {
+            id: None,
+            topic: "t".into(),
+            payload: Bytes::from_static(b"payload"),
+            kind: PayloadKind::Text,
+            content_type: Some("text/plain".into()),
+            stamp: false,
+            extras: extras.map(Arc::new),
+        }
+    }
+
+    /// `p` sent at `sent_us` and received whole at `arrived_us`.
+    fn carry(p: &Publish, sent_us: u64, arrived_us: u64) -> Result<Publish, Reject> {
+        let d = Departure::message("0123456789abcdef", "h.t".into(), p, "e", 1, sent_us);
+        let (headers, body) = d.leaving(sent_us);
+        let c = open("h.t", Some(&headers), &body, None)?;
+        c.publish("t".into(), body, arrived_us)
+    }
+
+    #[test]
+    fn extras_travel_with_the_time_left_to_their_expiry() {
+        let e = Extras {
+            expires_us: Some(10_000_000),
+            retain: true,
+            at_most_once: true,
+            response_topic: Some("reply/to".into()),
+            correlation: Some(Bytes::from_static(b"\x00\xffid")),
+            user_properties: vec![
+                ("b".into(), "1".into()),
+                ("a".into(), "".into()),
+                ("b".into(), "é".repeat(100)),
+            ],
+        };
+        let p = publish(Some(e.clone()));
+        // Sent with 6 s left, received on a clock 1,000 s behind: 6 s left there too.
+        let got = carry(&p, 4_000_000, 1_000).unwrap();
+        assert_eq!(got.payload, p.payload);
+        assert_eq!((got.kind, &got.content_type), (p.kind, &p.content_type));
+        let want = Extras {
+            expires_us: Some(6_001_000),
+            ..e
+        };
+        assert_eq!(got.extras.as_deref(), Some(&want));
+        // Expired before it left: expired when it arrives.
+        let late = carry(&p, 20_000_000, 5).unwrap();
+        assert!(late.extras.unwrap().expired(5));
+        // None, and QoS 0 alone (the one shared mark), as they were.
+        assert!(carry(&publish(None), 0, 0).unwrap().extras.is_none());
+        let qos0 = publish(None);
+        let qos0 = Publish {
+            extras: Some(Extras::at_most_once_alone()),
+            ..qos0
+        };
+        let got = carry(&qos0, 0, 0).unwrap();
+        assert!(Extras::is_at_most_once_alone(got.extras.as_ref().unwrap()));
+        assert_eq!(got.payload, qos0.payload);
+    }
+
+    #[test]
+    fn a_message_without_extras_is_sent_as_before_and_an_unknown_section_is_skipped() {
+        let p = publish(None);
+        let d = Departure::message("0123456789abcdef", "h.t".into(), &p, "e", 1, 0);
+        let (headers, body) = d.leaving(0);
+        assert_eq!(headers.get(KIND).unwrap().as_str(), "text");
+        assert_eq!(body, p.payload);
+        // A later section version, or fields of tags this node does not know: the payload
+        // arrives, with what the node knows of the extras.
+        for (section, known) in [
+            (&b"\x02anything"[..], None),
+            (&b"\x01\x09\x02zz\x02\x00"[..], Some(true)),
+            (&b"\x01\x09\x00"[..], None),
+        ] {
+            let mut h = message("1");
+            h.insert(KIND, format!("binary;extras={}", section.len()).as_str());
+            let body = [section, b"data"].concat();
+            let c = open("s", Some(&h), &body, None).unwrap();
+            let got = c.publish("t".into(), Bytes::from(body), 0).unwrap();
+            assert_eq!(&got.payload[..], b"data");
+            assert_eq!(got.extras.map(|e| e.retain), known);
+        }
+    }
+
+    #[test]
+    fn a_malformed_extras_section_is_refused() {
+        let refused = |kind: &str, body: &[u8]| {
+            let mut h = message("1");
+            h.insert(KIND, kind);
+            let body = Bytes::copy_from_slice(body);
+            open("s", Some(&h), &body, None)
+                .and_then(|c| c.publish("t".into(), body, 0))
+                .unwrap_err()
+        };
+        for (kind, body) in [
+            ("binary;extras=0", &b"x"[..]),
+            ("binary;extras=", b"x"),
+            ("binary;extras=-1", b"x"),
+            ("mark;extras=1", b""),
+            ("video;extras=1", b"\x01"),
+            ("binary;extras=99999999999999999999", b"\x01"),
+            // Larger than the message.
+            ("binary;extras=5", b"\x01\x02"),
+            // A length past the section, or longer than 5 bytes.
+            ("text;extras=3", b"\x01\x04\x05"),
+            ("text;extras=8", b"\x01\x04\xff\xff\xff\xff\xff\x01"),
+            ("text;extras=7", b"\x01\x04\xff\xff\xff\xff\x7f"),
+            // An expiry not of 8 bytes, a flag with a value, one field twice.
+            ("text;extras=4", b"\x01\x01\x01\x00"),
+            ("text;extras=4", b"\x01\x02\x01\x00"),
+            ("text;extras=5", b"\x01\x02\x00\x02\x00"),
+            // Not UTF-8, a name longer than its property.
+            ("text;extras=4", b"\x01\x04\x01\xff"),
+            ("text;extras=5", b"\x01\x06\x02\x05a"),
+        ] {
+            assert_eq!(refused(kind, body), Reject::Malformed, "{kind} {body:?}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!
 //! [`Engine::unanswered`]: herald_core::engine::Engine::unanswered
 
-use super::carried::Reassembly;
+use super::carried::{body_limit, Reassembly};
 use super::gate::Gate;
 use super::TopicHistory;
 use crate::config::NatsConfig;
@@ -199,8 +199,16 @@ impl DurableHistory {
         let whole = gate
             .open(&subject, Some(&last.headers), &last.payload)
             .filter(|c| c.chunk.is_none() && !c.mark)
-            .map(|c| (c, last.payload.clone(), at_us(&last)));
-        let Some((carried, payload, at)) = whole else {
+            .and_then(
+                |c| match c.recalled(topic.to_owned(), last.payload.clone(), at_us(&last)) {
+                    Ok(recalled) => Some((c.epoch, recalled)),
+                    Err(reason) => {
+                        gate.reject(reason, &subject);
+                        None
+                    }
+                },
+            );
+        let Some((epoch, recalled)) = whole else {
             let all = self
                 .read_topic(stream, topic, max_message_bytes, gate)
                 .await?;
@@ -209,8 +217,7 @@ impl DurableHistory {
                 (t, epoch, last)
             }));
         };
-        let recalled = carried.recalled(topic.to_owned(), payload, at);
-        Ok(Some((topic.to_owned(), carried.epoch, vec![recalled])))
+        Ok(Some((topic.to_owned(), epoch, vec![recalled])))
     }
 
     /// Every stored whole message of `topic` in its newest epoch, oldest first.
@@ -247,7 +254,7 @@ impl DurableHistory {
                         carried.seq,
                         chunk,
                         &message.payload,
-                        max_message_bytes,
+                        body_limit(max_message_bytes),
                     );
                     if let Some(reason) = added.rejected {
                         gate.reject(reason, &subject);
@@ -258,9 +265,10 @@ impl DurableHistory {
                     }
                 }
             };
-            let at = at_us(&message);
-            let epoch = carried.epoch.clone();
-            whole.push((epoch, carried.recalled(topic.to_owned(), payload, at)));
+            match carried.recalled(topic.to_owned(), payload, at_us(&message)) {
+                Ok(recalled) => whole.push((carried.epoch.clone(), recalled)),
+                Err(reason) => gate.reject(reason, &subject),
+            }
         }
         let Some(epoch) = whole.last().map(|(e, _)| e.clone()) else {
             return Ok(None);

@@ -31,8 +31,8 @@ use std::sync::Weak;
 /// The envelope of what nodes carry on NATS (see `carried.rs`), for the fuzz target and tests.
 pub mod envelope {
     pub use crate::cluster::carried::{
-        open, Added, Carried, Chunk, ClusterKey, Reassembly, Reject, MAX_PARTIALS, MIN_PART,
-        PARTIAL_BUDGET,
+        body_limit, extras, open, Added, Carried, Chunk, ClusterKey, Departure, Reassembly, Reject,
+        MAX_PARTIALS, MIN_PART, PARTIAL_BUDGET,
     };
 }
 

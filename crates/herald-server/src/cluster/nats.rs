@@ -21,7 +21,7 @@
 //! [`Gate`]. The connection authenticates and encrypts as `[nats]` says (user/password, token,
 //! NKey, credentials file, TLS); secrets are read from files and never logged.
 
-use super::carried::{ClusterKey, Departure, Reassembly, Reject, CHUNK, HEADER_ROOM};
+use super::carried::{body_limit, ClusterKey, Departure, Reassembly, Reject, CHUNK, HEADER_ROOM};
 use super::gate::Gate;
 use super::jetstream::DurableHistory;
 use super::metrics::ClusterMetrics;
@@ -515,15 +515,16 @@ async fn carry_out(
     let mut next = rx.recv().await;
     while let Some(m) = next.take() {
         let size = m.payload.len();
+        let (leaving, body) = m.leaving(now_us());
         let max_payload = client.server_info().max_payload;
         let chunk = max_payload.saturating_sub(HEADER_ROOM).max(HEADER_ROOM);
-        let count = size.div_ceil(chunk).max(1);
+        let count = body.len().div_ceil(chunk).max(1);
         for i in 0..count {
-            let mut headers = m.headers.clone();
+            let mut headers = leaving.clone();
             if count > 1 {
                 headers.insert(CHUNK, format!("{i}/{count}").as_str());
             }
-            let part = m.payload.slice(i * chunk..((i + 1) * chunk).min(size));
+            let part = body.slice(i * chunk..((i + 1) * chunk).min(body.len()));
             announce.gate.seal(&m.subject, &mut headers, &part);
             if let Err(e) = client
                 .publish_with_headers(m.subject.clone(), headers, part)
@@ -689,7 +690,7 @@ impl Arrivals {
                     carried.seq,
                     chunk,
                     &message.payload,
-                    self.max_message_bytes,
+                    body_limit(self.max_message_bytes),
                 );
                 self.metrics.incomplete.inc_by(added.discarded);
                 if let Some(reason) = added.rejected {
@@ -703,8 +704,15 @@ impl Arrivals {
         };
         self.metrics.messages_in.inc();
         self.metrics.bytes_in.inc_by(payload.len() as u64);
-        let p = carried.publish(topic, payload);
-        let at = carried.stamp.unwrap_or_else(now_us);
+        let arrived = now_us();
+        let p = match carried.publish(topic, payload, arrived) {
+            Ok(p) => p,
+            Err(reason) => {
+                self.gate.reject(reason, subject);
+                return;
+            }
+        };
+        let at = carried.stamp.unwrap_or(arrived);
         if let Some(missed) = events.remote_message(&p, &carried.epoch, carried.seq, at) {
             self.metrics.missed.inc_by(missed);
         }

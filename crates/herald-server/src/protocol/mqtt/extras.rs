@@ -14,16 +14,7 @@ use super::packet::MessageProperties;
 use super::QoS;
 use herald_core::extras::Extras;
 use herald_core::request::PayloadKind;
-use std::sync::{Arc, LazyLock};
-
-/// The extras of a QoS 0 message that carries nothing else: one for all of them, so that a
-/// QoS 0 publish costs a reference count, not an allocation.
-static AT_MOST_ONCE: LazyLock<Arc<Extras>> = LazyLock::new(|| {
-    Arc::new(Extras {
-        at_most_once: true,
-        ..Extras::default()
-    })
-});
+use std::sync::Arc;
 
 /// What a PUBLISH (or will) at `qos` with properties `m` and retain flag `retain`, received
 /// at `now_us`, carries through herald besides its payload, if anything.
@@ -40,7 +31,7 @@ pub fn extras_of(
         || m.correlation_data.is_some()
         || !m.user_properties.is_empty();
     if !carried {
-        return at_most_once.then(|| AT_MOST_ONCE.clone());
+        return at_most_once.then(Extras::at_most_once_alone);
     }
     Some(Arc::new(Extras {
         expires_us: m
@@ -57,7 +48,7 @@ pub fn extras_of(
 /// Whether a message's extras leave its QoS 0 PUBLISH as a message without any would have it
 /// (none, or the QoS 0 mark alone).
 pub fn plain(extras: Option<&Arc<Extras>>) -> bool {
-    extras.is_none_or(|e| Arc::ptr_eq(e, &AT_MOST_ONCE))
+    extras.is_none_or(Extras::is_at_most_once_alone)
 }
 
 /// Whether the message was published at QoS 0 (one from a native client, a STOMP client or

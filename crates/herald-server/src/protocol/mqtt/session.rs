@@ -725,6 +725,7 @@ mod tests {
     use crate::config::Config;
     use crate::listener;
     use crate::protocol::mqtt::wire::read_varint;
+    use herald_core::engine::HistoryRule;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
@@ -744,6 +745,18 @@ mod tests {
 
         async fn send(&mut self, bytes: &[u8]) {
             self.io.write_all(bytes).await.unwrap();
+        }
+
+        /// A client whose socket receives into a buffer of a few KiB: the server can write no
+        /// more ahead of what it reads than its own send buffer holds.
+        async fn with_small_window(node: &Arc<Node>) -> Client {
+            let addr = node.config.mqtt_listen.expect("the test node listens");
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_recv_buffer_size(4096).unwrap();
+            Client {
+                io: socket.connect(addr).await.unwrap(),
+                got: BytesMut::new(),
+            }
         }
 
         /// Ends the connection without DISCONNECT.
@@ -889,6 +902,17 @@ mod tests {
         }
         body.extend_from_slice(payload);
         packet(0x30 | qos << 1 | u8::from(retain), &body)
+    }
+
+    /// A QoS 1 PUBLISH from a client, of any size.
+    fn large_qos1(topic: &str, id: u16, payload: &[u8]) -> BytesMut {
+        let mut body = string(topic);
+        body.extend(id.to_be_bytes());
+        body.extend_from_slice(payload);
+        let mut packet = BytesMut::from(&[0x32][..]);
+        crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
+        packet.extend_from_slice(&body);
+        packet
     }
 
     /// A client connected at `level` with a client identifier of its own.
@@ -1229,17 +1253,16 @@ mod tests {
         assert_eq!(stuck.packet().await.0, 0x20);
         stuck.send(&subscribe(4, 1, "big", 1)).await;
         assert_eq!(stuck.packet().await.0, 0x90);
-        // More than the socket buffers hold: the rest waits in the connection's queue. QoS 1
-        // messages, so that they go at QoS 1 (a QoS 0 one goes at QoS 0).
+        // More than a client that does not read takes in: herald holds the rest. QoS 1
+        // messages, so that they go at QoS 1 (a QoS 0 one goes at QoS 0). With a receive
+        // maximum of 65,535 they are all taken for writing before the takeover, as a rule;
+        // what a connection still queues then is the next two tests' subject.
         let mut publisher = connected(&node, 4).await;
         for i in 0..100u8 {
-            let mut body = string("big");
-            body.extend([0, i + 1]);
-            body.extend(vec![i; 64 << 10]);
-            let mut packet = BytesMut::from(&[0x32][..]);
-            crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
-            packet.extend_from_slice(&body);
-            publisher.send(&packet).await;
+            let payload = vec![i; 64 << 10];
+            publisher
+                .send(&large_qos1("big", u16::from(i) + 1, &payload))
+                .await;
         }
         for _ in 0..100 {
             assert_eq!(publisher.packet().await.0, 0x40, "all published");
@@ -1266,6 +1289,101 @@ mod tests {
         );
         drop(stuck);
     }
+
+    #[tokio::test]
+    async fn a_session_taken_over_keeps_what_its_connection_queued_and_never_wrote() {
+        // No history to recover from: what the connection queued is kept, or lost.
+        let node = node_with(Config {
+            history: vec![HistoryRule::last_value_only(">")],
+            ..Config::default()
+        })
+        .await;
+        let mut old = Client::with_small_window(&node).await;
+        old.send(&connect_persistent("unwritten")).await;
+        assert_eq!(old.packet().await.0, 0x20);
+        old.send(&subscribe(4, 1, "u", 1)).await;
+        assert_eq!(old.packet().await.0, 0x90);
+        // The first message is larger than the socket buffers between herald and a client
+        // that does not read (a few KiB here, at most 4 MiB on herald's side by Linux's
+        // default) and within `max_outbound_bytes`: its write does not end, and the messages
+        // after it stay in the connection's queue.
+        let mut publisher = connected(&node, 4).await;
+        let big = vec![7u8; 8 << 20];
+        for (i, payload) in [&big[..], b"1", b"2", b"3", b"4", b"5"]
+            .into_iter()
+            .enumerate()
+        {
+            publisher
+                .send(&large_qos1("u", i as u16 + 1, payload))
+                .await;
+            assert_eq!(publisher.packet().await.0, 0x40, "accepted");
+        }
+        let mut taker = Client::new(&node).await;
+        taker.send(&connect_persistent("unwritten")).await;
+        assert_eq!(taker.packet().await, (0x20, vec![1, 0]), "session present");
+        let (_, first) = qos1_of(4, taker.packet().await, true);
+        assert!(first == big, "the one begun before, again with DUP");
+        for i in b'1'..=b'5' {
+            let (_, payload) = qos1_of(4, taker.packet().await, false);
+            assert_eq!(
+                payload,
+                [i],
+                "those never written, once, in order, without DUP"
+            );
+        }
+        taker.quiet().await;
+        drop(old);
+    }
+
+    #[tokio::test]
+    async fn a_session_taken_over_keeps_the_messages_queued_under_the_receive_maximum() {
+        let node = node().await;
+        let mut old = Client::new(&node).await;
+        // Session expiry 60 s, receive maximum 2.
+        let properties = [0x11, 0, 0, 0, 60, 0x21, 0, 2];
+        old.send(&connect5("queued", true, &properties)).await;
+        assert_eq!(old.packet().await.0, 0x20);
+        // Three subscriptions: each has 2 messages of `lossless` credit, the connection room
+        // for 2 in flight, so 4 of 6 messages are handed to the connection and wait there.
+        for (id, filter) in [(1, "w/0"), (2, "w/1"), (3, "w/2")] {
+            old.send(&subscribe(5, id, filter, 1)).await;
+            assert_eq!(old.packet().await, (0x90, vec![0, id as u8, 0, 1]));
+        }
+        let mut publisher = connected(&node, 4).await;
+        for i in 0..6u8 {
+            let topic = format!("w/{}", i % 3);
+            publisher
+                .send(&publish(4, 1, false, &topic, u16::from(i) + 1, &[i]))
+                .await;
+            assert_eq!(publisher.packet().await.0, 0x40, "accepted at once");
+        }
+        let sent = [
+            qos1_of(5, old.packet().await, false),
+            qos1_of(5, old.packet().await, false),
+        ];
+        assert_eq!(
+            (sent[0].1.as_slice(), sent[1].1.as_slice()),
+            (&[0][..], &[1][..])
+        );
+        // Not acknowledged: the other 4 stay queued, never written.
+        old.quiet().await;
+        let mut new = Client::new(&node).await;
+        new.send(&connect5("queued", false, &properties[..5])).await;
+        let (first, body) = new.packet().await;
+        assert_eq!((first, body[0]), (0x20, 1), "CONNACK, session present");
+        assert_eq!(old.packet().await.0, 0xE0, "DISCONNECT, taken over");
+        // The 2 written before come again with DUP (§4.4), in order; then the 4 never written,
+        // each once, in order, without DUP.
+        for was in sent {
+            assert_eq!(qos1_of(5, new.packet().await, true), was, "sent again, DUP");
+        }
+        for i in 2..6u8 {
+            let (_, payload) = qos1_of(5, new.packet().await, false);
+            assert_eq!(payload, [i], "the queued ones, once, in order");
+        }
+        new.quiet().await;
+    }
+
     #[tokio::test]
     async fn a_kept_session_leaves_its_shared_subscription_while_away_and_rejoins_it() {
         let node = node().await;
