@@ -1171,6 +1171,26 @@ fn a_cursor_recovers_exactly_the_topics_published_after_it() {
         assert_eq!(data(&got), expected, "{pattern}");
         e.disconnect(b);
     }
+
+    // From a later cursor, with a few topics published since (one made again among them).
+    let (c, inbox) = client(&mut e);
+    req(&mut e, c, r#"{"op":"sub","topic":">"}"#, 13_000).unwrap();
+    let cursor = cursor_of(&inbox.take()[0]);
+    let mut recent = BTreeMap::new();
+    let forgotten = (1..3_000).map(name).find(|t| e.epoch_of(t).is_none());
+    for topic in forgotten
+        .into_iter()
+        .chain((0..20).map(|_| name(pick(3_000))))
+    {
+        publish_at(&mut e, &mut recent, topic, 13_000);
+    }
+    inbox.take();
+    let request = json!({"op": "sub", "topic": ">", "cursor": cursor});
+    req(&mut e, c, &request.to_string(), 13_000).unwrap();
+    let got = inbox.take();
+    let expected: Vec<&str> = recent.values().flatten().map(String::as_str).collect();
+    assert_eq!(got[0]["replayed"], expected.len());
+    assert_eq!(data(&got[..=expected.len()]), expected);
 }
 
 /// `seq` at the largest number there is has nothing after it: no wrapped `seq + 1`, no bogus
