@@ -4,8 +4,8 @@
 
 mod common;
 
+use common::stall::{populate, Pinger};
 use common::*;
-use futures_util::{SinkExt, StreamExt};
 use herald_server::limits::LimitsConfig;
 use herald_server::Config;
 use serde_json::{json, Value};
@@ -24,38 +24,6 @@ const FEWER: usize = 50_000;
 /// served: a slice and scheduling delays on a busy 2-core machine, never the whole walk (many
 /// times this for `TOPICS` in a debug build).
 const ROUND_TRIP_BOUND: Duration = Duration::from_millis(500);
-
-/// Publishes one message on each of `topics` topics and on `feed/x`, and waits until herald
-/// has them all.
-async fn populate(server: &TestServer, topics: usize) {
-    let mut publisher = server.connect().await;
-    let frames = (0..topics).map(|i| {
-        let p = json!({"op": "pub", "topic": format!("feed/{i:06}"), "data": "v"});
-        Ok(Message::text(p.to_string()))
-    });
-    publisher
-        .send_all(&mut futures_util::stream::iter(frames))
-        .await
-        .unwrap();
-    send(
-        &mut publisher,
-        json!({"op": "pub", "id": 1, "topic": "feed/x", "data": "v"}),
-    )
-    .await;
-    loop {
-        let ack = tokio::time::timeout(Duration::from_secs(60), publisher.next())
-            .await
-            .expect("the publishes are acknowledged")
-            .unwrap()
-            .unwrap();
-        if let Message::Text(t) = ack {
-            let v: Value = serde_json::from_str(&t).unwrap();
-            if v["op"] == "ack" {
-                break;
-            }
-        }
-    }
-}
 
 /// At the default limits the snapshot's values all fit in the subscriber's recovery room, so
 /// only its slices keep the other client's round trips short. With 1 MiB of room, the
@@ -88,26 +56,7 @@ async fn snapshot_while_publishing(topics: usize, max_recovery_bytes: usize) {
     // Another client publishes and waits for each ack, from before the subscription until
     // its snapshot is whole, on topics the subscription matches: each publish also waits for
     // the subscriber's connection.
-    let mut pinger = server.connect().await;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let pings = tokio::spawn(async move {
-        let (mut worst, mut i, mut last) = (Duration::ZERO, 0, Instant::now());
-        while !*stopped.borrow() {
-            let topic = format!("feed/~live/{}", i % 10);
-            let p = json!({"op": "pub", "id": i, "topic": topic, "data": "p"});
-            send(&mut pinger, p).await;
-            let ack = recv_json(&mut pinger).await;
-            assert_eq!((&ack["op"], &ack["id"]), (&json!("ack"), &json!(i)));
-            // From one ack to the next: a stall shows whether it began before the publish
-            // was sent or after.
-            worst = worst.max(last.elapsed());
-            last = Instant::now();
-            i += 1;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        (worst, i)
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pinger = Pinger::start(&server).await;
 
     // The subscriber reads everything: a message is recovered while a count (the reply's
     // `replayed`, then each `snapshot` notice's) is not used up. The live topics may have
@@ -148,8 +97,7 @@ async fn snapshot_while_publishing(topics: usize, max_recovery_bytes: usize) {
         }
     }
     let took = asked.elapsed();
-    stop.send(true).unwrap();
-    let (worst, pings) = pings.await.unwrap();
+    let (worst, pings) = pinger.stop().await;
     eprintln!(
         "snapshot of {} topics in {took:?}; {pings} publishes meanwhile, longest between acks {worst:?}",
         recovered.len()

@@ -99,7 +99,7 @@ impl<O: Outbox> Engine<O> {
         }
         let config = &self.config;
         let at = self.publish_count;
-        let state = self.topics.entry(config, topic_name, Numbering::Origin);
+        let (state, recency) = self.topics.recording(config, topic_name, Numbering::Origin);
         if state.head.epoch() != epoch {
             if state.seq != 0 || state.last.is_some() {
                 return;
@@ -128,6 +128,10 @@ impl<O: Outbox> Engine<O> {
         while let Some(m) = by_seq.remove(&seq) {
             run.push(m);
             seq -= 1;
+        }
+        // A message read back is recorded now, after every publish so far.
+        if run.iter().any(|m| m.at > state.last_at()) {
+            recency.stamp(state, at);
         }
         let rule = state.history_rule(config);
         for m in run.into_iter().rev() {

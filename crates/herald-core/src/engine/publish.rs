@@ -191,8 +191,8 @@ impl<O: Outbox> Engine<O> {
         from: Option<ConnId>,
     ) -> Published {
         let config = &self.config;
-        let state = self.topics.entry(config, &p.topic, numbering);
-        if origin != 0 && state.owner == 0 && state.last_at == 0 {
+        let (state, recency) = self.topics.recording(config, &p.topic, numbering);
+        if origin != 0 && state.owner == 0 && state.last_at() == 0 {
             state.owner = origin;
             usage_of(&mut self.usage, origin).topics += 1;
         }
@@ -201,6 +201,7 @@ impl<O: Outbox> Engine<O> {
         let seq = state.seq;
         self.publish_count += 1;
         let generation = self.publish_count;
+        recency.stamp(state, generation);
         let mut matched = std::mem::take(&mut self.matched);
         self.index.for_each_match(&p.topic, |id| matched.push(id));
         let grouped = self.groups.matching(&p.topic);
@@ -209,7 +210,6 @@ impl<O: Outbox> Engine<O> {
             // Nobody to send it to, no history to keep it in: a discard, whose message would be
             // needed only if someone asked for the last value. Kept as published instead.
             state.last = Some(Last::Unmade(Unmade::of(p, seq, now_us)));
-            state.last_at = generation;
             state.last_us = now_us;
             state.dropped_at = generation;
             charge(&mut self.usage, state);

@@ -177,8 +177,8 @@ impl<O: Outbox> Engine<O> {
         let mut left = room;
         let mut values = Vec::new();
         let rest = self.topics.walk(&p.pattern, &p.from, SLICE, |t| {
-            let answered = t.last_at > p.asked_at
-                || p.replayed_after.is_some_and(|cursor| t.last_at > cursor)
+            let answered = t.last_at() > p.asked_at
+                || p.replayed_after.is_some_and(|cursor| t.last_at() > cursor)
                 || p.since.binary_search_by(|n| (**n).cmp(&*t.name)).is_ok();
             if answered {
                 return true;

@@ -5,6 +5,7 @@ use crate::wire::{decode_text, Native};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 /// Collects what the engine sends to one connection, encoded as herald's protocol encodes it.
@@ -1078,6 +1079,118 @@ fn snapshot_and_cursor_together() {
     let got = inbox.take();
     assert_eq!(got[0]["recovered"], true);
     assert_eq!(data(&got), ["n1", "n2", "o1"]);
+}
+
+/// A recovery from a cursor replays exactly the topics published after it that its pattern
+/// matches and `since` does not name, in name order: whether most of the topics were published
+/// since or few of those the pattern matches, and with topics forgotten meanwhile, some of them
+/// made again (replayed from their new start) and some not (not replayed).
+#[test]
+fn a_cursor_recovers_exactly_the_topics_published_after_it() {
+    let config = EngineConfig {
+        topic_idle_us: 10_000,
+        history: vec![HistoryRule {
+            pattern: ">".into(),
+            max_messages: 1_000,
+            ..HistoryRule::default()
+        }],
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config, 1);
+    // 3,000 topics: `c/0`…`c/9`, then `a/…` and `b/…` in turn.
+    let name = |i: u64| match i {
+        ..10 => format!("c/{i}"),
+        _ if i.is_multiple_of(2) => format!("a/{i}"),
+        _ => format!("b/{i}"),
+    };
+    for i in 0..3_000 {
+        e.publish(&text(&name(i), "before"), 0).unwrap();
+    }
+    // A subscriber to `a/>` keeps those topics from being forgotten.
+    let (keeper, _kept) = client(&mut e);
+    req(&mut e, keeper, r#"{"op":"sub","topic":"a/>"}"#, 0).unwrap();
+    let (a, inbox) = client(&mut e);
+    req(&mut e, a, r#"{"op":"sub","topic":">"}"#, 0).unwrap();
+    let cursor = cursor_of(&inbox.take()[0]);
+    e.disconnect(a);
+
+    // What each topic published after the cursor holds now.
+    let mut after = BTreeMap::new();
+    let mut random = 7u64;
+    let mut pick = |n: u64| {
+        random = crate::mix::splitmix64(random);
+        random % n
+    };
+    let mut k = 0;
+    type After = BTreeMap<String, Vec<String>>;
+    let mut publish_at = |e: &mut Engine<Inbox>, after: &mut After, topic: String, now| {
+        k += 1;
+        e.publish(&text(&topic, &format!("p{k}")), now).unwrap();
+        after.entry(topic).or_default().push(format!("p{k}"));
+    };
+    // Topics published early on, then forgotten when the sweep finds them idle.
+    for _ in 0..300 {
+        let topic = name(pick(3_000) | 1);
+        publish_at(&mut e, &mut after, topic, 1_000);
+    }
+    e.sweep(12_000, None, usize::MAX);
+    after.retain(|topic, _| e.epoch_of(topic).is_some());
+    assert!(e.topic_count() < 2_000, "the `b/…` and `c/…` went");
+    // Most topics published again, forgotten ones among them: made again, in a new epoch.
+    for _ in 0..5_000 {
+        let topic = name(pick(3_000));
+        publish_at(&mut e, &mut after, topic, 13_000);
+    }
+    assert!(
+        after.len() > 2_000,
+        "{} topics published since",
+        after.len()
+    );
+
+    let since = ["a/20", "b/1001", "c/3"].map(|t| {
+        let (epoch, seq) = (e.epoch_of(t).map(str::to_owned), e.topic_state(t).seq);
+        (t, json!({"epoch": epoch, "seq": seq}))
+    });
+    for pattern in [">", "a/>", "c/>", "*/7", "b/1001", "b/1003"] {
+        let (b, inbox) = client(&mut e);
+        let since: serde_json::Map<String, Value> = since
+            .iter()
+            .filter(|(t, _)| topic::matches(pattern, t))
+            .map(|(t, position)| (t.to_string(), position.clone()))
+            .collect();
+        let request = json!({"op": "sub", "topic": pattern, "cursor": cursor, "since": since});
+        req(&mut e, b, &request.to_string(), 13_000).unwrap();
+        let got = inbox.take();
+        let expected: Vec<&str> = after
+            .iter()
+            .filter(|(t, _)| topic::matches(pattern, t) && !since.contains_key(*t))
+            .flat_map(|(_, data)| data.iter().map(String::as_str))
+            .collect();
+        assert_eq!(got[0]["recovered"], true, "{pattern}: {}", got[0]);
+        assert_eq!(got[0]["replayed"], expected.len(), "{pattern}");
+        assert_eq!(data(&got), expected, "{pattern}");
+        e.disconnect(b);
+    }
+
+    // From a later cursor, with a few topics published since (one made again among them).
+    let (c, inbox) = client(&mut e);
+    req(&mut e, c, r#"{"op":"sub","topic":">"}"#, 13_000).unwrap();
+    let cursor = cursor_of(&inbox.take()[0]);
+    let mut recent = BTreeMap::new();
+    let forgotten = (1..3_000).map(name).find(|t| e.epoch_of(t).is_none());
+    for topic in forgotten
+        .into_iter()
+        .chain((0..20).map(|_| name(pick(3_000))))
+    {
+        publish_at(&mut e, &mut recent, topic, 13_000);
+    }
+    inbox.take();
+    let request = json!({"op": "sub", "topic": ">", "cursor": cursor});
+    req(&mut e, c, &request.to_string(), 13_000).unwrap();
+    let got = inbox.take();
+    let expected: Vec<&str> = recent.values().flatten().map(String::as_str).collect();
+    assert_eq!(got[0]["replayed"], expected.len());
+    assert_eq!(data(&got[..=expected.len()]), expected);
 }
 
 /// `seq` at the largest number there is has nothing after it: no wrapped `seq + 1`, no bogus

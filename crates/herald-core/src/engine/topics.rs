@@ -20,6 +20,9 @@ use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::sync::Arc;
 
+mod recency;
+pub(super) use recency::Recency;
+
 pub(super) struct Stored {
     pub seq: u64,
     pub at_us: u64,
@@ -133,8 +136,11 @@ pub(super) struct TopicState {
     pub foreign: bool,
     /// The publish count when the last message from another node was recorded.
     pub remote_at: u64,
-    /// The publish count of the newest message (0 before the first).
-    pub last_at: u64,
+    /// The publish count of the newest message (0 before the first), set by [`Recency::stamp`]
+    /// only, which keeps the topics in its order.
+    last_at: u64,
+    /// The topic's place in [`Recency`].
+    slot: u32,
     /// When the newest message arrived (µs since the UNIX epoch; 0 before the first): a topic
     /// quiet for long with no subscriber is forgotten.
     pub last_us: u64,
@@ -148,6 +154,12 @@ pub(super) struct TopicState {
 }
 
 impl TopicState {
+    /// The publish count of the newest message (0 before the first).
+    #[inline]
+    pub fn last_at(&self) -> u64 {
+        self.last_at
+    }
+
     /// The topic's default policy rule, if any.
     #[inline]
     pub fn policy_rule(&self) -> Option<usize> {
@@ -245,9 +257,10 @@ impl TopicState {
         self.note_oldest();
     }
 
+    /// Records `stored`, the topic's newest message, whose publish was stamped first (see
+    /// [`Recency::stamp`]).
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
         self.last = Some(Last::Message(stored.message.clone()));
-        self.last_at = self.last_at.max(stored.at);
         self.last_us = self.last_us.max(stored.at_us);
         let Some(rule) = rule.filter(|r| r.keeps_messages()) else {
             self.dropped_at = self.last_at;
@@ -296,6 +309,8 @@ pub(super) struct Topics {
     /// Every topic's name in order, so that a pattern's topics are found by walking the names
     /// under its literal prefix rather than every topic (snapshots, recovery, listing).
     names: BTreeSet<Arc<str>>,
+    /// Every topic in the order it was last published (a recovery from a cursor).
+    recency: Recency,
     hasher: foldhash::fast::RandomState,
     /// Makes epochs differ between runs (the server passes a random number; tests a fixed one).
     epoch_seed: u64,
@@ -310,6 +325,7 @@ impl Topics {
         Topics {
             map: TopicMap::new(),
             names: BTreeSet::new(),
+            recency: Recency::new(),
             hasher: foldhash::fast::RandomState::default(),
             epoch_seed,
             instance: format!("{:08x}", splitmix64(!epoch_seed) >> 32),
@@ -325,9 +341,21 @@ impl Topics {
         name: &str,
         numbering: Numbering,
     ) -> &mut TopicState {
+        self.recording(config, name, numbering).0
+    }
+
+    /// [`Topics::entry`], for recording a message: with the order its publish is stamped in
+    /// ([`Recency::stamp`]).
+    pub fn recording(
+        &mut self,
+        config: &EngineConfig,
+        name: &str,
+        numbering: Numbering,
+    ) -> (&mut TopicState, &mut Recency) {
         let Topics {
             map,
             names,
+            recency,
             hasher,
             epoch_seed,
             epochs,
@@ -344,6 +372,7 @@ impl Topics {
             let state = TopicState {
                 key: name.into(),
                 head: TopicHead::new(shared.clone(), next_epoch()),
+                slot: recency.add(shared.clone()),
                 name: shared,
                 policy_rule: policy_rule(config, name).map(|i| i as u32),
                 owner: 0,
@@ -371,7 +400,7 @@ impl Topics {
         if numbering == Numbering::Local && state.foreign {
             state.restart(next_epoch(), 0, false);
         }
-        state
+        (state, recency)
     }
 
     pub fn get(&self, name: &str) -> Option<&TopicState> {
@@ -387,9 +416,19 @@ impl Topics {
     pub fn remove(&mut self, name: &str) {
         let (hash, named) = probe(&self.hasher, name);
         if let Ok(found) = self.map.find_entry(hash, named) {
-            found.remove();
+            let (state, _) = found.remove();
             self.names.remove(name);
+            self.recency.remove(state.slot);
         }
+    }
+
+    /// The topics published after publish count `cursor`, the most recently published first:
+    /// what it costs is what it finds (and one topic more).
+    pub fn published_after(&self, cursor: u64) -> impl Iterator<Item = &TopicState> + '_ {
+        self.recency
+            .newest_first()
+            .filter_map(|name| self.get(name))
+            .take_while(move |t| t.last_at > cursor)
     }
 
     /// The topics `pattern` matches, in name order (see [`Topics::walk`]).

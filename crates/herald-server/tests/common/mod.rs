@@ -13,6 +13,8 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+pub mod stall;
+
 pub type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 pub const WAIT: Duration = Duration::from_secs(5);
