@@ -1,7 +1,8 @@
 """What requests whose cost could grow with the number of topics cost herald: with N topics
 `t<i mod 1000>/<i>`, the median of 5 snapshots of `zz/none/>` (matches nothing), `*/none`
-(a leading wildcard, matches nothing) and `t5/*` (N/1000 topics), and of 5 `GET
-/api/topics?limit=10`. herald is pinned to core 0.
+(a leading wildcard, matches nothing) and `t5/*` (N/1000 topics), of 5 resubscribes to `>`
+from a cursor after which 10 topics were published (a client back from a short drop), and of 5
+`GET /api/topics?limit=10`. herald is pinned to core 0.
 
 Usage: python3 bench/request_cost.py HERALD_BIN [N]   (N defaults to 200000)
 """
@@ -65,6 +66,28 @@ async def main():
                 print(
                     f"{pattern:12} snapshot median {times[2]:8.2f} ms  (replayed {reply.get('replayed', 0)})"
                 )
+            times = []
+            for k in range(5):
+                await ws.send(json.dumps({"op": "sub", "id": "c", "topic": ">"}))
+                cursor = json.loads(await ws.recv())["cursor"]
+                await ws.send(json.dumps({"op": "unsub", "topic": ">"}))
+                await ws.recv()
+                for i in range(10):
+                    await ws.send(json.dumps({"op": "pub", "topic": f"t{i}/{k}", "data": "y"}))
+                t = time.perf_counter()
+                await ws.send(json.dumps({"op": "sub", "id": k, "topic": ">", "cursor": cursor}))
+                reply = json.loads(await ws.recv())
+                while reply.get("op") != "subscribed":
+                    reply = json.loads(await ws.recv())
+                for _ in range(reply.get("replayed", 0)):
+                    await ws.recv()
+                times.append((time.perf_counter() - t) * 1000)
+                await ws.send(json.dumps({"op": "unsub", "topic": ">"}))
+                await ws.recv()
+            times.sort()
+            print(
+                f"{'>':12} from a cursor median {times[2]:8.2f} ms  (replayed {reply.get('replayed', 0)})"
+            )
         times = []
         for _ in range(5):
             t = time.perf_counter()
