@@ -125,7 +125,7 @@ mod tests {
         for at in 1..20_000 {
             random = splitmix64(random);
             let name = format!("t/{}", (random >> 32) % 300);
-            if random % 5 == 0 {
+            if random.is_multiple_of(5) {
                 topics.remove(&name);
                 order.retain(|n| *n != name);
             } else {
