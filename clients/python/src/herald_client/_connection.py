@@ -27,7 +27,7 @@ moves thousands of messages a second, or images of many MiB, more than the proto
 
 It relies on websockets' asyncio internals besides its public sans-I/O `Protocol`: the
 `create_connection` hook, `process_event`, `data_received`, `send_data`, `ping`, `ping_timeout`,
-`drain`, `paused` and `response`, the same from websockets 14 to 17 (tests/test_connection.py
+`drain`, `paused` and `response`, the same from websockets 16 to 17 (tests/test_connection.py
 checks the installed one).
 """
 

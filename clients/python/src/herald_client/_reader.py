@@ -24,7 +24,7 @@ Until the handshake is done websockets reads everything. The reader takes over o
 parser waits between two frames with nothing buffered (`BoundaryReader`, put in place of the
 connection's reader by changing its class); that relies on websockets' sans-I/O internals:
 `Protocol.reader`, a `StreamReader` with a `bytearray` `buffer` whose `at_eof` the parser waits
-in between frames, the same from websockets 14 to 17. Where they differ, `install` leaves the
+in between frames, the same from websockets 16 to 17. Where they differ, `install` leaves the
 reader as it is and websockets keeps reading.
 """
 
