@@ -831,10 +831,10 @@ mod tests {
     }
 
     fn packet(first: u8, body: &[u8]) -> Vec<u8> {
-        assert!(body.len() < 128);
-        let mut v = vec![first, body.len() as u8];
+        let mut v = BytesMut::from(&[first][..]);
+        crate::protocol::mqtt::wire::put_varint(&mut v, body.len());
         v.extend_from_slice(body);
-        v
+        v.to_vec()
     }
 
     /// CONNECT at `level` (4 or 5) with a clean session and keep-alive 30 s.
@@ -902,17 +902,6 @@ mod tests {
         }
         body.extend_from_slice(payload);
         packet(0x30 | qos << 1 | u8::from(retain), &body)
-    }
-
-    /// A QoS 1 PUBLISH from a client, of any size.
-    fn large_qos1(topic: &str, id: u16, payload: &[u8]) -> BytesMut {
-        let mut body = string(topic);
-        body.extend(id.to_be_bytes());
-        body.extend_from_slice(payload);
-        let mut packet = BytesMut::from(&[0x32][..]);
-        crate::protocol::mqtt::wire::put_varint(&mut packet, body.len());
-        packet.extend_from_slice(&body);
-        packet
     }
 
     /// A client connected at `level` with a client identifier of its own.
@@ -1261,7 +1250,7 @@ mod tests {
         for i in 0..100u8 {
             let payload = vec![i; 64 << 10];
             publisher
-                .send(&large_qos1("big", u16::from(i) + 1, &payload))
+                .send(&publish(4, 1, false, "big", u16::from(i) + 1, &payload))
                 .await;
         }
         for _ in 0..100 {
@@ -1314,7 +1303,7 @@ mod tests {
             .enumerate()
         {
             publisher
-                .send(&large_qos1("u", i as u16 + 1, payload))
+                .send(&publish(4, 1, false, "u", i as u16 + 1, payload))
                 .await;
             assert_eq!(publisher.packet().await.0, 0x40, "accepted");
         }
