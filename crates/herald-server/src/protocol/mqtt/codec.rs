@@ -895,6 +895,7 @@ fn shared_heads(m: &Message) -> Frame {
     let Some(name) = to_mqtt_topic(topic) else {
         return Frame::default();
     };
+    // Borrowed: the name is the topic's own text.
     let as_named = !topic.starts_with('$') && matches!(name, Cow::Borrowed(_));
     let p = Publishable::from(m);
     let props = p.properties();

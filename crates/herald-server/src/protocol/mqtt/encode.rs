@@ -122,6 +122,15 @@ impl Prepared {
         Ok(1 + varint_len(remaining) + variable)
     }
 
+    /// The topic name as `d`'s head carries it: empty (its length alone) under an alias set
+    /// earlier (5.0).
+    fn topic_of(&self, d: &Delivery) -> &[u8] {
+        match d.topic_alias {
+            TopicAlias::Use(_) if self.version == Version::V5 => &[0, 0],
+            _ => &self.topic,
+        }
+    }
+
     /// The 5.0 properties' length, the variable header's and the remaining length of the
     /// packet `d` makes.
     fn lengths(&self, d: &Delivery) -> Result<(usize, usize, usize), TooLarge> {
@@ -139,11 +148,7 @@ impl Prepared {
                 props_len += 1 + varint_len(sid as usize);
             }
         }
-        let topic = match d.topic_alias {
-            TopicAlias::Use(_) if v5 => 2,
-            _ => self.topic.len(),
-        };
-        let variable = topic
+        let variable = self.topic_of(d).len()
             + if d.qos != QoS::AtMostOnce { 2 } else { 0 }
             + if v5 {
                 varint_len(props_len) + props_len
@@ -162,10 +167,7 @@ impl Prepared {
     pub fn head_into(&self, d: &Delivery, out: &mut BytesMut) -> Result<(), TooLarge> {
         let v5 = self.version == Version::V5;
         let with_id = d.qos != QoS::AtMostOnce;
-        let topic: &[u8] = match d.topic_alias {
-            TopicAlias::Use(_) if v5 => &[0, 0],
-            _ => &self.topic,
-        };
+        let topic = self.topic_of(d);
         let (props_len, variable, remaining) = self.lengths(d)?;
         let first = 0x30 | u8::from(d.dup) << 3 | (d.qos as u8) << 1 | u8::from(d.retain);
         out.reserve(1 + varint_len(remaining) + variable);

@@ -89,7 +89,8 @@ pub fn to_herald_topic(name: &str) -> Result<Cow<'_, str>, NameError> {
 }
 
 /// The MQTT topic name for a herald topic, or `None` when it has none (a level other than
-/// `+`, `#*` and `#>` contains `+` or `#`).
+/// `+`, `#*` and `#>` contains `+` or `#`). Borrowed exactly when the name is the topic's own
+/// text.
 pub fn to_mqtt_topic(topic: &str) -> Option<Cow<'_, str>> {
     if !topic.contains(['+', '#']) {
         return Some(Cow::Borrowed(topic));
