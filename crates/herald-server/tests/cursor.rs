@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::stall::{populate, Pinger};
+use common::stall::{populated, Pinger};
 use common::*;
-use herald_server::limits::LimitsConfig;
 use herald_server::Config;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -34,18 +33,7 @@ const ROUND_TRIP_BOUND: Duration = Duration::from_millis(500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_recovery_over_many_topics_costs_what_changed_and_stalls_nobody() {
-    let server = TestServer::start(Config {
-        // The topics are published at once, faster than a client is allowed by default.
-        limits: LimitsConfig {
-            max_messages_per_sec: 10 * TOPICS as u64,
-            ..LimitsConfig::default()
-        },
-        ..Config::default()
-    })
-    .await;
-    let started = Instant::now();
-    populate(&server, TOPICS).await;
-    eprintln!("{} topics published in {:?}", TOPICS + 1, started.elapsed());
+    let server = populated(Config::default(), TOPICS).await;
 
     // A subscriber to everything takes its cursor and goes; a few topics change meanwhile.
     let mut gone = server.connect().await;

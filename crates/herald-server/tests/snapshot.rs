@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::stall::{populate, Pinger};
+use common::stall::{populated, Pinger};
 use common::*;
-use herald_server::limits::LimitsConfig;
 use herald_server::Config;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -39,19 +38,11 @@ async fn a_snapshot_of_many_topics_does_not_stall_other_clients_and_arrives_whol
 /// and waits for each ack; checks that the snapshot arrives whole and no ack took longer than
 /// [`ROUND_TRIP_BOUND`].
 async fn snapshot_while_publishing(topics: usize, max_recovery_bytes: usize) {
-    let server = TestServer::start(Config {
+    let config = Config {
         max_recovery_bytes,
-        // The topics are published at once, faster than a client is allowed by default.
-        limits: LimitsConfig {
-            max_messages_per_sec: 10 * topics as u64,
-            ..LimitsConfig::default()
-        },
         ..Config::default()
-    })
-    .await;
-    let started = Instant::now();
-    populate(&server, topics).await;
-    eprintln!("{} topics published in {:?}", topics + 1, started.elapsed());
+    };
+    let server = populated(config, topics).await;
 
     // Another client publishes and waits for each ack, from before the subscription until
     // its snapshot is whole, on topics the subscription matches: each publish also waits for

@@ -3,15 +3,34 @@
 
 use super::{recv_json, send, TestServer};
 use futures_util::{SinkExt, StreamExt};
+use herald_server::limits::LimitsConfig;
+use herald_server::Config;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 
+/// A server of `config` holding `topics` topics ([`populate`]), its per-client message rate
+/// raised so that they can be published at once.
+pub async fn populated(config: Config, topics: usize) -> TestServer {
+    let server = TestServer::start(Config {
+        limits: LimitsConfig {
+            max_messages_per_sec: 10 * topics as u64,
+            ..LimitsConfig::default()
+        },
+        ..config
+    })
+    .await;
+    let started = Instant::now();
+    populate(&server, topics).await;
+    eprintln!("{} topics published in {:?}", topics + 1, started.elapsed());
+    server
+}
+
 /// Publishes one message on each of `topics` topics (`feed/000000`…) and on `feed/x`, and
 /// waits until herald has them all.
-pub async fn populate(server: &TestServer, topics: usize) {
+async fn populate(server: &TestServer, topics: usize) {
     let mut publisher = server.connect().await;
     let frames = (0..topics).map(|i| {
         let p = json!({"op": "pub", "topic": format!("feed/{i:06}"), "data": "v"});
