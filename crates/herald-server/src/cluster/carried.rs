@@ -14,6 +14,7 @@ use herald_core::engine::Recalled;
 use herald_core::extras::Extras;
 use herald_core::request::{PayloadKind, Publish};
 use ring::hmac;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -97,10 +98,11 @@ impl Departure {
 
     /// What goes on NATS for this message handed over at `now_us`: its headers and its body,
     /// the payload preceded by its extras section if it has extras (their expiry as the time
-    /// left now, so that the time it waited here counts). Chunked, signed and sent as is.
-    pub fn leaving(&self, now_us: u64) -> (HeaderMap, Bytes) {
+    /// left now, so that the time it waited here counts). Chunked, signed and sent as is. The
+    /// headers are borrowed when the message has no extras: each chunk clones them anyway.
+    pub fn leaving(&self, now_us: u64) -> (Cow<'_, HeaderMap>, Bytes) {
         let Some(e) = &self.extras else {
-            return (self.headers.clone(), self.payload.clone());
+            return (Cow::Borrowed(&self.headers), self.payload.clone());
         };
         let section = extras::encode(e, now_us);
         let mut headers = self.headers.clone();
@@ -110,7 +112,7 @@ impl Departure {
         let mut body = BytesMut::with_capacity(section.len() + self.payload.len());
         body.extend_from_slice(&section);
         body.extend_from_slice(&self.payload);
-        (headers, body.freeze())
+        (Cow::Owned(headers), body.freeze())
     }
 }
 

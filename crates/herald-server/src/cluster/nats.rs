@@ -520,7 +520,7 @@ async fn carry_out(
         let chunk = max_payload.saturating_sub(HEADER_ROOM).max(HEADER_ROOM);
         let count = body.len().div_ceil(chunk).max(1);
         for i in 0..count {
-            let mut headers = leaving.clone();
+            let mut headers = leaving.clone().into_owned();
             if count > 1 {
                 headers.insert(CHUNK, format!("{i}/{count}").as_str());
             }
