@@ -1835,8 +1835,8 @@ fn unsubscribing_or_leaving_ends_a_snapshot_under_way() {
     assert!(inbox.take().is_empty());
 }
 
-/// However many snapshots wait for their clients, one call looks at `snapshot::LOOK` of them at most,
-/// and says that all wait only once it has looked at each.
+/// However many snapshots wait for their clients, one call looks at `snapshot::LOOK` of them at
+/// most, and says that all wait only once it has looked at each.
 #[test]
 fn serving_snapshots_looks_at_a_bounded_number_per_call() {
     let mut e: Engine<Limited> = Engine::new(EngineConfig::default(), 1);

@@ -6,9 +6,9 @@
 //! taken back when it is forgotten, with slot 0 standing for both ends: stamping a publish moves
 //! its topic's slot to the newest end, a few writes whatever the number of topics, with no case
 //! for a slot at either end or out of the list (such a slot links to itself, so taking it out
-//! changes nothing). The links live here, by slot, rather than in the topics' boxed states, so that the
-//! list is safe code: a link into another state would be a pointer the topic table hands out
-//! again as a unique reference.
+//! changes nothing). The links live here, by slot, rather than in the topics' boxed states, so
+//! that the list is safe code: a link into another state would be a pointer the topic table
+//! hands out again as a unique reference.
 
 use super::TopicState;
 use std::sync::Arc;
