@@ -377,7 +377,8 @@ pub struct Engine<O> {
     /// Subscriber count per pattern, kept only once [`Engine::track_interest`] was called.
     interest: Option<HashMap<Box<str>, usize>>,
     interest_changes: Vec<Interest>,
-    /// Scratch for [`Engine::append`]: the connections a message matched.
+    /// Scratch for [`Engine::append`]: the connections a message matched, when there are more
+    /// than its topic keeps.
     matched: Vec<ConnId>,
     /// Group subscriptions (see [`crate::group`]).
     groups: groups::Groups,

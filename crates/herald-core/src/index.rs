@@ -49,6 +49,8 @@ type LevelMap<V> = HashMap<Level, V, foldhash::fast::RandomState>;
 pub struct SubscriptionIndex<K> {
     root: Node<K>,
     len: usize,
+    /// Changes with every entry added or removed (see [`SubscriptionIndex::version`]).
+    version: u64,
 }
 
 /// One trie node: the path from the root to it is a pattern prefix.
@@ -91,6 +93,7 @@ impl<K> Default for SubscriptionIndex<K> {
         SubscriptionIndex {
             root: Node::default(),
             len: 0,
+            version: 1,
         }
     }
 }
@@ -134,6 +137,7 @@ impl<K: Copy + Eq> SubscriptionIndex<K> {
         }
         keys.push(key);
         self.len += 1;
+        self.version += 1;
         true
     }
 
@@ -149,6 +153,7 @@ impl<K: Copy + Eq> SubscriptionIndex<K> {
         let removed = remove_in(&mut self.root, pattern.split('/').peekable(), key);
         if removed {
             self.len -= 1;
+            self.version += 1;
         }
         removed
     }
@@ -174,6 +179,14 @@ impl<K: Copy + Eq> SubscriptionIndex<K> {
     /// True if there are no entries.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// A number that changes whenever an entry is added or removed, and never goes back to one
+    /// it had (it starts at 1, so 0 can stand for "never"): what [`Self::for_each_match`]
+    /// gave for a topic under one version holds for as long as the version stays the same,
+    /// so a caller may keep the result instead of walking again.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 }
 

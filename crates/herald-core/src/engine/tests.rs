@@ -5,7 +5,7 @@ use crate::wire::{decode_text, Native};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 /// Collects what the engine sends to one connection, encoded as herald's protocol encodes it.
@@ -1859,4 +1859,87 @@ fn serving_snapshots_looks_at_a_bounded_number_per_call() {
     }
     assert_eq!(served, waiting);
     assert_eq!(data(&inbox.take()).len(), waiting);
+}
+
+/// A topic keeps the connections its publish found (`TopicState::find_matches`): after every
+/// subscribe, unsubscribe and disconnect the next publish must reach exactly the connections
+/// whose patterns match then. Checked against a model over random steps, with fan-outs on both
+/// sides of what a topic keeps (up to 24 connections on one topic).
+#[test]
+fn a_publish_reaches_whoever_matches_after_every_subscription_change() {
+    const PATTERNS: [&str; 5] = ["t/x", "t/*", "t/>", ">", "u/x"];
+    const TOPICS: [&str; 2] = ["t/x", "u/x"];
+    let mut e = engine();
+    let mut clients: Vec<(ConnId, Inbox, BTreeSet<&str>)> = (0..24)
+        .map(|_| {
+            let (id, inbox) = client(&mut e);
+            (id, inbox, BTreeSet::new())
+        })
+        .collect();
+    let mut random = 7u64;
+    let mut next = |n: usize| {
+        random = crate::mix::splitmix64(random);
+        (random % n as u64) as usize
+    };
+    let mut published = 0;
+    let mut fan_outs = BTreeSet::new();
+    for step in 0..3_000 {
+        let who = next(clients.len());
+        match next(10) {
+            0..=2 => {
+                let pattern = PATTERNS[next(PATTERNS.len())];
+                let (id, _, subs) = &mut clients[who];
+                req(
+                    &mut e,
+                    *id,
+                    &json!({"op":"sub","topic":pattern}).to_string(),
+                    0,
+                )
+                .unwrap();
+                subs.insert(pattern);
+            }
+            3 | 4 => {
+                let (id, _, subs) = &mut clients[who];
+                let Some(&pattern) = subs.iter().nth(next(subs.len().max(1))) else {
+                    continue;
+                };
+                req(
+                    &mut e,
+                    *id,
+                    &json!({"op":"unsub","topic":pattern}).to_string(),
+                    0,
+                )
+                .unwrap();
+                subs.remove(pattern);
+            }
+            5 => {
+                let (id, ..) = clients[who];
+                e.disconnect(id);
+                let (id, inbox) = client(&mut e);
+                clients[who] = (id, inbox, BTreeSet::new());
+            }
+            _ => {
+                let topic = TOPICS[next(TOPICS.len())];
+                published += 1;
+                let body = published.to_string();
+                let reached = publish(&mut e, topic, &body).deliveries;
+                let mut expected = 0;
+                for (id, inbox, subs) in &clients {
+                    let wants = subs.iter().any(|p| topic::matches(p, topic));
+                    let got = data(&inbox.take()) == [body.as_str()];
+                    assert_eq!(
+                        got, wants,
+                        "step {step}: connection {id} on {topic}, {subs:?}"
+                    );
+                    expected += usize::from(wants);
+                }
+                assert_eq!(reached, expected, "step {step}: deliveries on {topic}");
+                fan_outs.insert(expected);
+            }
+        }
+    }
+    assert!(
+        fan_outs.range(1..=16).count() > 5 && fan_outs.range(17..).count() > 2,
+        "{fan_outs:?}"
+    );
 }

@@ -5,8 +5,9 @@
 //! subscription index) and finds-or-creates in a single probe (`HashTable::entry`): std's
 //! `HashMap` needs a second lookup to create on a miss without cloning the name on every hit.
 
-use super::{EngineConfig, HistoryRule};
+use super::{ConnId, EngineConfig, HistoryRule};
 use crate::extras::Extras;
+use crate::index::SubscriptionIndex;
 use crate::message::{Message, TopicHead};
 use crate::mix::splitmix64;
 use crate::prefetch::prefetch;
@@ -151,9 +152,52 @@ pub(super) struct TopicState {
     /// oldest (0 when there is none): only ever prefetched, never read (see
     /// [`TopicState::prefetch_oldest`]).
     pub oldest_bytes: usize,
+    /// The subscription index's matches for this topic as it last gave them, while there are
+    /// at most [`MATCHES_KEPT`] (see [`TopicState::find_matches`]).
+    matches: Vec<ConnId>,
+    /// The index's version `matches` hold for; 0: none.
+    matches_of: u64,
 }
 
+/// How many matches a topic keeps. Finding a topic's subscribers walks the index (a hash lookup
+/// per level, then the matched node's key list): on a large index, several cache misses a
+/// publish, paid again on every publish although subscriptions rarely change. Kept on the topic,
+/// whose state the publish reads anyway, they cost none. A topic with a larger fan-out walks
+/// every time: the walk is a small part of its deliveries, and a list per topic of every
+/// subscriber of a broad pattern would grow with topics × subscribers.
+const MATCHES_KEPT: usize = 16;
+
 impl TopicState {
+    /// Finds the entries of `index` whose pattern matches this topic, as
+    /// [`SubscriptionIndex::for_each_match`] gives them: kept in the state, walked again only
+    /// once the index changed. True: they are in [`TopicState::matches`]; false: there are
+    /// more than the state keeps, and they are in `found` (emptied first).
+    pub fn find_matches(
+        &mut self,
+        index: &SubscriptionIndex<ConnId>,
+        found: &mut Vec<ConnId>,
+    ) -> bool {
+        if self.matches_of == index.version() {
+            return true;
+        }
+        found.clear();
+        index.for_each_match(&self.name, |id| found.push(id));
+        if found.len() > MATCHES_KEPT {
+            self.matches = Vec::new();
+            self.matches_of = 0;
+            return false;
+        }
+        self.matches.clear();
+        self.matches.extend_from_slice(found);
+        self.matches_of = index.version();
+        true
+    }
+
+    /// What [`TopicState::find_matches`] keeps.
+    pub fn matches(&self) -> &[ConnId] {
+        &self.matches
+    }
+
     /// The publish count of the newest message (0 before the first).
     #[inline]
     pub fn last_at(&self) -> u64 {
@@ -392,6 +436,8 @@ impl Topics {
                 last_us: 0,
                 dropped_at: 0,
                 oldest_bytes: 0,
+                matches: Vec::new(),
+                matches_of: 0,
             };
             names.insert(state.name.clone());
             Box::new(state)
