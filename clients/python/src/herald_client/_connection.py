@@ -57,11 +57,14 @@ from ._errors import NotConnected
 # transport reads at most this much at a time too).
 _READ = 64 * 1024
 
-# The size of the blocks a binary payload is masked in, a multiple of 4 (the key's length). Each is
-# masked into a new block; below glibc's default mmap threshold (128 KiB) those blocks come from
-# the heap and are reused, where blocks as large as the payload would be mapped and page-faulted
-# in for every message.
-FRAGMENT = 124 * 1024
+# The size of the blocks a binary payload is masked in, a multiple of 4 (the key's length): an
+# image up to 1024² × 2 bytes goes as one block, masked at once and written in one call. Each
+# block is a `transport.write` and often a wait for the transport to drain, which in small
+# blocks (124 KiB) was most of what a 512² × 2 image cost the client beyond the copies. A larger
+# payload goes in blocks of this size: the masked copy held at once stays this large, and after
+# the first message glibc's dynamic mmap threshold (which rises to a freed block's size, up to
+# 32 MiB) has each block come from the heap, reused, not mapped and page-faulted in afresh.
+FRAGMENT = 2 * 1024 * 1024
 
 # Masking keys are drawn from os.urandom this many at a time (one system call for many frames).
 _KEYS = 1024
