@@ -425,11 +425,6 @@ impl Connection {
         }
     }
 
-    /// Leaves what is queued to the writer task.
-    pub fn wake_writer(&self) {
-        self.wake.notify_one();
-    }
-
     fn count_out(&self, frames: usize, bytes: usize) {
         self.metrics.frames_out.inc_by(frames as u64);
         self.metrics.bytes_out.inc_by(bytes as u64);

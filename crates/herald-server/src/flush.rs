@@ -148,8 +148,11 @@ impl Pending {
 
     /// Writes every noted connection's queue now, as far as its socket takes it. A long list
     /// on a runtime with several worker threads is shared out instead: past the first
-    /// [`DIRECT_AT_MOST`], connections are handed to their writer tasks, which idle workers
-    /// steal, so one publisher's large fan-out does not keep all its writes on one core.
+    /// [`DIRECT_AT_MOST`], the connections go to one task of their own that writes them in
+    /// turn, which an idle worker steals, so one publisher's large fan-out does not keep all
+    /// its writes on one core. One task for the lot, not each connection's writer task woken:
+    /// a wake-up per connection (the scheduler, the session's future polled) costs more than
+    /// its write.
     pub fn flush(&mut self) {
         self.held = 0;
         let direct = if self.conns.len() > DIRECT_AT_MOST && several_workers() {
@@ -202,9 +205,9 @@ impl Pending {
         Some(written)
     }
 
-    /// Writes (the first `direct` of them; wakes the writers of the others) the first `n`
-    /// noted connections and takes them off the list; the order within them starts at a
-    /// different place each time, so that no subscriber of a topic is always written last.
+    /// Writes (the first `direct` of them; hands the others to a task that writes them) the
+    /// first `n` noted connections and takes them off the list; the order within them starts at
+    /// a different place each time, so that no subscriber of a topic is always written last.
     /// Returns the frames written (or left to a writer by a short write) directly.
     fn write_first(&mut self, n: usize, direct: usize) -> usize {
         let n = n.min(self.conns.len());
@@ -218,22 +221,31 @@ impl Pending {
         // Taken out of the thread's slot for the loop (a thread being torn down has none).
         let mut frames = FRAMES.try_with(|f| f.take()).unwrap_or_default();
         let mut written = 0;
-        for i in 0..n {
+        let direct = direct.min(n);
+        for i in 0..direct {
             // The next connection's state is asked for while this one's write is under way.
             if let Some(next) = self.conns.get(i + 1) {
                 prefetch(Arc::as_ptr(next), std::mem::size_of::<Connection>());
             }
-            let conn = &self.conns[i];
-            if i < direct {
-                written += conn.write_now(&mut frames, now); // leaves `frames` empty
-            } else {
-                conn.wake_writer();
-            }
+            written += self.conns[i].write_now(&mut frames, now); // leaves `frames` empty
         }
-        self.conns.drain(..n);
+        if direct < n {
+            tokio::spawn(write_each(self.conns.drain(direct..n).collect()));
+        }
+        self.conns.drain(..direct);
         frames.shrink_to(FRAMES_KEPT);
         let _ = FRAMES.try_with(|f| f.replace(frames));
         written
+    }
+}
+
+/// Writes each connection's queue, as far as its socket takes it: the part of a flush handed
+/// to another worker ([`Pending::flush`]).
+async fn write_each(conns: Vec<Arc<Connection>>) {
+    let now = now_us();
+    let mut frames = Vec::new();
+    for conn in &conns {
+        conn.write_now(&mut frames, now);
     }
 }
 
