@@ -317,6 +317,26 @@ mod tests {
         (0..conns.len()).filter(|&i| !got[i]).collect()
     }
 
+    /// Blocks `n` worker threads of the current runtime until the returned senders are dropped.
+    fn occupy_workers(n: usize) -> Vec<std::sync::mpsc::Sender<()>> {
+        let (started, running) = std::sync::mpsc::channel();
+        let release = (0..n)
+            .map(|_| {
+                let (release, released) = std::sync::mpsc::channel::<()>();
+                let started = started.clone();
+                tokio::spawn(async move {
+                    started.send(()).unwrap();
+                    let _ = released.recv(); // until its sender is dropped
+                });
+                release
+            })
+            .collect();
+        for _ in 0..n {
+            running.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        release
+    }
+
     /// A small reply, `pong`.
     fn hi() -> Reply {
         Reply::Pong { id: None }
@@ -494,9 +514,11 @@ mod tests {
     }
 
     /// With several workers, a flush of more than [`DIRECT_AT_MOST`] connections writes the
-    /// first `DIRECT_AT_MOST` in its order itself and hands the rest to their writer tasks (none runs
-    /// here, so those peers receive nothing). Which connection that is must change from flush
-    /// to flush: a fixed order would always leave the same subscriber of a topic for last.
+    /// first `DIRECT_AT_MOST` in its order itself and hands the rest to a task of their own,
+    /// which writes them once a worker runs it. Which connection is left to that task must
+    /// change from flush to flush: a fixed order would always leave the same subscriber of a
+    /// topic for last. Both workers are kept busy while the flush runs, so that the task waits
+    /// and the connection it holds can be seen; let go, it writes it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_connection_written_last_changes_from_flush_to_flush() {
         let frame = hi();
@@ -505,6 +527,7 @@ mod tests {
         for _ in 0..3 {
             // The same fan-out every time: connections queued in the same order.
             let conns = connections(DIRECT_AT_MOST + 1);
+            let release = occupy_workers(2);
             pending.collect(|| {
                 for (conn, _) in &conns {
                     conn.reply(&frame);
@@ -516,6 +539,12 @@ mod tests {
                 left.len(),
                 1,
                 "one connection past the direct writes: {left:?}"
+            );
+            drop(release);
+            let handed_off = &conns[left[0]..=left[0]];
+            assert!(
+                unwritten(handed_off, 1).is_empty(),
+                "the connection handed off is written once a worker is free"
             );
             last.push(left[0]);
         }
