@@ -12,14 +12,19 @@ const LINE: usize = 64;
 
 /// Starts loading every cache line that the `bytes` bytes at `p` touch. Never faults, whatever
 /// `p` is: a stale or dangling address is harmless.
+///
+/// Each of those lines holds `p`, `p + 64`, `p + 128`, … or the last byte, so the number of
+/// hints depends on `bytes` alone, not on where `p` falls in its line: every caller passes a
+/// type's size, and the loop unrolls into one instruction per line, with no address arithmetic
+/// or branch between them (it runs several times per delivery).
 #[inline(always)]
 pub fn prefetch<T>(p: *const T, bytes: usize) {
-    let end = p.addr().wrapping_add(bytes.max(1));
-    let mut at = p.addr() & !(LINE - 1);
-    while at < end {
-        line(std::ptr::without_provenance(at));
-        at += LINE;
+    let p = p.cast::<u8>();
+    let bytes = bytes.max(1);
+    for i in 0..bytes.div_ceil(LINE) {
+        line(p.wrapping_add(i * LINE));
     }
+    line(p.wrapping_add(bytes - 1));
 }
 
 #[inline(always)]
