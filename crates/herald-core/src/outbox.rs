@@ -354,17 +354,9 @@ impl OutboundQueue {
     /// in one vectored write): throttled messages whose time has come join the queue, then a
     /// `dropped` notice per topic that lost messages to `drop`, then the queue in order, each
     /// conflated message preceded by the notice of the values it superseded.
-    #[inline]
+    /// A caller that often finds the queue empty checks [`OutboundQueue::is_drained`] first,
+    /// inline, rather than make the call.
     pub fn drain_into<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
-        // Checked inline: most calls find the queue empty (a direct write drains again after
-        // writing, to take what came meanwhile), and then no call is worth making.
-        if self.slots.is_empty() && self.due.is_empty() && self.dropped.is_empty() {
-            return;
-        }
-        self.drain_waiting(out, codec, now_us);
-    }
-
-    fn drain_waiting<E: Encode + ?Sized>(&mut self, out: &mut Vec<Frame>, codec: &E, now_us: u64) {
         while let Some(Reverse((due, _))) = self.due.peek() {
             if *due > now_us {
                 break;
@@ -420,6 +412,13 @@ impl OutboundQueue {
         self.live = 0;
         self.bytes = 0;
         self.recovered_bytes = 0;
+    }
+
+    /// Whether [`OutboundQueue::drain_into`] would find nothing at all to move: no entry, no
+    /// notice, no throttled message (even one not yet due).
+    #[inline]
+    pub fn is_drained(&self) -> bool {
+        self.slots.is_empty() && self.due.is_empty() && self.dropped.is_empty()
     }
 
     /// Gives back the memory a burst left behind, once the queue is empty: an idle connection
