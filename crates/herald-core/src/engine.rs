@@ -315,16 +315,23 @@ impl<O> Conn<O> {
     /// The policy for `topic` on this connection, its rate, and the subscription whose credit a
     /// `lossless` message spends. Among overlapping subscriptions the highest
     /// [`Policy::rank`] wins, then the earliest subscribed.
-    #[inline]
+    ///
+    /// Inline, for its common case: no subscription chose, and the default is taken without a
+    /// call (this runs once per delivery).
+    #[inline(always)]
     fn policy_for(&self, topic: &str, default: (Policy, Option<f64>)) -> Chosen {
-        let mut chosen = Chosen {
-            policy: default.0,
-            max_rate: default.1,
-            sub: None,
-        };
         if self.explicit == 0 {
-            return chosen;
+            return Chosen {
+                policy: default.0,
+                max_rate: default.1,
+                sub: None,
+            };
         }
+        self.policy_among_subs(topic, default)
+    }
+
+    /// [`Conn::policy_for`] when some subscription chose a policy or rate.
+    fn policy_among_subs(&self, topic: &str, default: (Policy, Option<f64>)) -> Chosen {
         // The index found this connection through a subscription that matches: with only one,
         // it is that one, and no pattern needs matching again.
         if let [only] = self.subs.as_slice() {
@@ -349,10 +356,11 @@ impl<O> Conn<O> {
                 sub: Some(i),
             });
         }
-        if let Some(b) = best {
-            chosen = b;
-        }
-        chosen
+        best.unwrap_or(Chosen {
+            policy: default.0,
+            max_rate: default.1,
+            sub: None,
+        })
     }
 }
 
