@@ -26,9 +26,10 @@ use herald_core::prefetch::prefetch;
 use herald_core::reply::{DropReason, Reply};
 use herald_core::wire;
 use parking_lot::Mutex;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
+use std::ptr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -667,42 +668,52 @@ pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
 }
 
 thread_local! {
-    /// The connections noted by the [`Pending::collect`](crate::flush::Pending::collect)
-    /// running on this thread, if one is: a connection given its first frame notes itself here
-    /// rather than waking its writer.
-    static COLLECTING: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
+    /// The list of the [`Pending::collect`](crate::flush::Pending::collect) running on this
+    /// thread, if one is: a connection given its first frame notes itself there rather than
+    /// waking its writer. A bare pointer in a `Cell`, so that noting, once per delivery, reads
+    /// the thread's slot with one load: a slot holding the list itself needs a destructor, and
+    /// its every access checks the destructor's registration and borrows a `RefCell`.
+    static COLLECTING: Cell<*mut Vec<Arc<Connection>>> = const { Cell::new(ptr::null_mut()) };
 }
 
 /// Whether a collecting task is running on this thread.
 pub(crate) fn collecting() -> bool {
-    COLLECTING.with(|c| c.borrow().is_some())
+    !COLLECTING.get().is_null()
 }
 
-/// Starts collecting on this thread, into `list`.
-pub(crate) fn lend_noted(list: Vec<Arc<Connection>>) {
-    COLLECTING.with(|c| *c.borrow_mut() = Some(list));
-}
-
-/// Ends collecting on this thread: the list lent, with the connections noted since.
-pub(crate) fn take_noted() -> Vec<Arc<Connection>> {
-    COLLECTING
-        .with(|c| c.borrow_mut().take())
-        .unwrap_or_default()
+/// Runs `work` collecting on this thread, into `list`: the connections given a first frame
+/// meanwhile are pushed onto it. `work` must be synchronous (the list is the thread's).
+pub(crate) fn collect_into<R>(list: &mut Vec<Arc<Connection>>, work: impl FnOnce() -> R) -> R {
+    /// Ends collecting when `work` returns, or panics: a list left behind would swallow later
+    /// wake-ups, and outlive its owner.
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            COLLECTING.set(ptr::null_mut());
+        }
+    }
+    COLLECTING.set(list);
+    let _done = Done;
+    work()
 }
 
 /// Notes `conn` for the collecting task on this thread; false when none is collecting (then
 /// the caller wakes the connection's writer).
+#[inline]
 fn defer(conn: impl FnOnce() -> Option<Arc<Connection>>) -> bool {
-    COLLECTING.with(|c| match c.borrow_mut().as_mut() {
-        Some(list) => match conn() {
-            Some(conn) => {
-                list.push(conn);
-                true
-            }
-            None => false,
-        },
-        None => false,
-    })
+    let list = COLLECTING.get();
+    if list.is_null() {
+        return false;
+    }
+    let Some(conn) = conn() else {
+        return false;
+    };
+    // SAFETY: a pointer in the slot is the list lent to `collect_into`, which outlives the
+    // `work` running on this thread, and is reset before `collect_into` returns or unwinds;
+    // nothing else uses the list meanwhile (`collect_into` holds its only reference, unused
+    // until `work` is done), and this use ends before anything else runs.
+    unsafe { (*list).push(conn) };
+    true
 }
 
 #[cfg(test)]

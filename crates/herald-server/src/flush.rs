@@ -86,10 +86,7 @@ impl Pending {
         if connection::collecting() {
             return work();
         }
-        connection::lend_noted(std::mem::take(&mut self.conns));
-        // Restored even if `work` panics: a list left behind would swallow later wake-ups.
-        let _restore = Restore(&mut self.conns);
-        work()
+        connection::collect_into(&mut self.conns, work)
     }
 
     /// Counts `n` deliveries made under [`Pending::collect`] toward the hold.
@@ -246,15 +243,6 @@ async fn write_each(conns: Vec<Arc<Connection>>) {
     let mut frames = Vec::new();
     for conn in &conns {
         conn.write_now(&mut frames, now);
-    }
-}
-
-/// Takes the thread's list back into the [`Pending`] that lent it.
-struct Restore<'a>(&'a mut Vec<Arc<Connection>>);
-
-impl Drop for Restore<'_> {
-    fn drop(&mut self) {
-        *self.0 = connection::take_noted();
     }
 }
 
