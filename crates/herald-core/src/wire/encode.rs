@@ -30,7 +30,8 @@ impl Native {
 }
 
 impl Encode for Native {
-    #[inline]
+    /// Always inline: a drain calls it once per message it sends, and it is a refcounted copy.
+    #[inline(always)]
     fn message(&self, message: &Message, out: &mut Vec<Frame>) {
         out.push(self.frame(message));
     }
