@@ -400,6 +400,7 @@ fn mqtt_vs_mosquitto_script_runs_all_three() {
     }
     rounds_script(
         "mqtt-vs-mosquitto.sh",
+        &[],
         &["herald-native", "herald-mqtt", "mosquitto"],
         &[
             "herald-mqtt / herald-native: p99.9",
@@ -414,26 +415,48 @@ fn mqtt_vs_mosquitto_script_runs_all_three() {
 fn reference_pairs_script_runs_both() {
     rounds_script(
         "reference-pairs.sh",
+        &[],
         &["herald", "reference"],
         &["herald / reference: p99.9"],
     );
 }
 
-/// bench/workers-pairs.sh at tiny scale: herald with one worker thread and with two, each
-/// started and stopped by the script.
+/// bench/workers-pairs.sh at tiny scale: herald with one worker thread, with two on both
+/// cores and with two on one core, each started and stopped by the script.
 #[test]
-fn workers_pairs_script_runs_both() {
+fn workers_pairs_script_runs_all_three() {
     rounds_script(
         "workers-pairs.sh",
-        &["two-workers", "one-worker"],
-        &["two-workers / one-worker: p99.9"],
+        &[],
+        &["two-workers", "one-worker", "two-workers-core0"],
+        &[
+            "two-workers / one-worker: p99.9",
+            "two-workers-core0 / one-worker: p99.9",
+        ],
     );
 }
 
-/// Runs one of the interleaved-round scripts in bench/ for one round of 20 clients and checks
-/// each run's report, that each server's CPU was measured, and the table's rows and ratios.
-/// Skipped without HERALD_BIN or two cores (a server core and a bench core).
-fn rounds_script(script: &str, names: &[&str], ratios: &[&str]) {
+/// bench/build-pairs.sh at tiny scale: two herald builds (here the same binary twice), each
+/// spawned by the bench, and the ratios new / base.
+#[test]
+fn build_pairs_script_runs_both() {
+    let Some(bin) = herald_bin() else {
+        eprintln!("skipped: set HERALD_BIN to a built herald");
+        return;
+    };
+    let bin = bin.to_string_lossy().into_owned();
+    rounds_script(
+        "build-pairs.sh",
+        &["--base", &bin],
+        &["new", "base"],
+        &["new / base: p99.9"],
+    );
+}
+
+/// Runs one of the interleaved-round scripts in bench/ for one round of 20 clients, with `args`
+/// besides, and checks each run's report, that each server's CPU was measured, and the table's
+/// rows and ratios. Skipped without HERALD_BIN or two cores (a server core and a bench core).
+fn rounds_script(script: &str, args: &[&str], names: &[&str], ratios: &[&str]) {
     let Some(bin) = herald_bin() else {
         eprintln!("skipped: set HERALD_BIN to a built herald");
         return;
@@ -458,6 +481,7 @@ fn rounds_script(script: &str, names: &[&str], ratios: &[&str]) {
             "--rounds",
             "1",
         ])
+        .args(args)
         .arg("--bin")
         .arg(&bin)
         .arg("--out")
