@@ -385,8 +385,7 @@ pub struct Engine<O> {
     /// Subscriber count per pattern, kept only once [`Engine::track_interest`] was called.
     interest: Option<HashMap<Box<str>, usize>>,
     interest_changes: Vec<Interest>,
-    /// Scratch for [`Engine::append`]: the connections a message matched, when there are more
-    /// than its topic keeps.
+    /// Scratch for [`Engine::append`]: the connections a message matched.
     matched: Vec<ConnId>,
     /// Group subscriptions (see [`crate::group`]).
     groups: groups::Groups,

@@ -202,23 +202,18 @@ impl<O: Outbox> Engine<O> {
         self.publish_count += 1;
         let generation = self.publish_count;
         recency.stamp(state, generation);
-        let mut found = std::mem::take(&mut self.matched);
-        let kept = state.find_matches(&self.index, &mut found);
-        let unmatched = if kept {
-            state.matches().is_empty()
-        } else {
-            found.is_empty()
-        };
+        let mut matched = std::mem::take(&mut self.matched);
+        state.find_matches(&self.index, &mut matched);
         let grouped = self.groups.matching(&p.topic);
         let history = state.history_rule(config);
-        if unmatched && !grouped && !history.is_some_and(HistoryRule::keeps_messages) {
+        if matched.is_empty() && !grouped && !history.is_some_and(HistoryRule::keeps_messages) {
             // Nobody to send it to, no history to keep it in: a discard, whose message would be
             // needed only if someone asked for the last value. Kept as published instead.
             state.last = Some(Last::Unmade(Unmade::of(p, seq, now_us)));
             state.last_us = now_us;
             state.dropped_at = generation;
             charge(&mut self.usage, state);
-            self.matched = found;
+            self.matched = matched;
             return Published {
                 seq,
                 deliveries: 0,
@@ -245,7 +240,6 @@ impl<O: Outbox> Engine<O> {
         charge(&mut self.usage, state);
         // Borrowed, not cloned: the fan-out below touches other fields only.
         let name = &state.name;
-        let matched = if kept { state.matches() } else { &found };
 
         let conns = &mut self.conns;
         let mut deliveries = 0;
@@ -260,15 +254,15 @@ impl<O: Outbox> Engine<O> {
         // many connections each one's state is out of the cache, and a miss per subscriber,
         // one after the other, would cost more than the rest of the delivery. Asked for
         // together, the misses overlap.
-        for &id in matched {
+        for &id in &matched {
             prefetch(&conns[id as usize], size_of::<Option<Conn<O>>>());
         }
-        for &id in matched {
+        for &id in &matched {
             if let Some(c) = &conns[id as usize] {
                 c.outbox.prefetch();
             }
         }
-        for &id in matched {
+        for &id in &matched {
             let Some(c) = conns[id as usize].as_mut() else {
                 continue;
             };
@@ -295,7 +289,7 @@ impl<O: Outbox> Engine<O> {
             c.outbox.deliver(&message, &delivery);
             deliveries += 1;
         }
-        self.matched = found;
+        self.matched = matched;
         if grouped {
             deliveries += self.deliver_to_groups(&message, default, rule, now_us, &mut cut);
         }

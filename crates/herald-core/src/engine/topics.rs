@@ -161,41 +161,32 @@ pub(super) struct TopicState {
 
 /// How many matches a topic keeps. Finding a topic's subscribers walks the index (a hash lookup
 /// per level, then the matched node's key list): on a large index, several cache misses a
-/// publish, paid again on every publish although subscriptions rarely change. Kept on the topic,
-/// whose state the publish reads anyway, they cost none. A topic with a larger fan-out walks
-/// every time: the walk is a small part of its deliveries, and a list per topic of every
-/// subscriber of a broad pattern would grow with topics × subscribers.
+/// publish, paid again on every publish although subscriptions rarely change. Kept on the
+/// topic, whose state the publish reads anyway, they cost a copy of a few words and no miss. A
+/// topic with a larger fan-out walks every time: the walk is a small part of its deliveries,
+/// and a list per topic of every subscriber of a broad pattern would grow with topics ×
+/// subscribers.
 const MATCHES_KEPT: usize = 16;
 
 impl TopicState {
-    /// Finds the entries of `index` whose pattern matches this topic, as
-    /// [`SubscriptionIndex::for_each_match`] gives them: kept in the state, walked again only
-    /// once the index changed. True: they are in [`TopicState::matches`]; false: there are
-    /// more than the state keeps, and they are in `found` (emptied first).
-    pub fn find_matches(
-        &mut self,
-        index: &SubscriptionIndex<ConnId>,
-        found: &mut Vec<ConnId>,
-    ) -> bool {
-        if self.matches_of == index.version() {
-            return true;
-        }
+    /// Puts into `found` (emptied first) the entries of `index` whose pattern matches this
+    /// topic, as [`SubscriptionIndex::for_each_match`] gives them: from the state, which keeps
+    /// them (up to [`MATCHES_KEPT`]) until the index changes, or from a walk.
+    pub fn find_matches(&mut self, index: &SubscriptionIndex<ConnId>, found: &mut Vec<ConnId>) {
         found.clear();
-        index.for_each_match(&self.name, |id| found.push(id));
-        if found.len() > MATCHES_KEPT {
-            self.matches = Vec::new();
-            self.matches_of = 0;
-            return false;
+        if self.matches_of == index.version() {
+            found.extend_from_slice(&self.matches);
+            return;
         }
+        index.for_each_match(&self.name, |id| found.push(id));
         self.matches.clear();
-        self.matches.extend_from_slice(found);
-        self.matches_of = index.version();
-        true
-    }
-
-    /// What [`TopicState::find_matches`] keeps.
-    pub fn matches(&self) -> &[ConnId] {
-        &self.matches
+        if found.len() > MATCHES_KEPT {
+            self.matches.shrink_to_fit();
+            self.matches_of = 0;
+        } else {
+            self.matches.extend_from_slice(found);
+            self.matches_of = index.version();
+        }
     }
 
     /// The publish count of the newest message (0 before the first).
