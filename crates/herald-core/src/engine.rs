@@ -321,11 +321,7 @@ impl<O> Conn<O> {
     #[inline(always)]
     fn policy_for(&self, topic: &str, default: (Policy, Option<f64>)) -> Chosen {
         if self.explicit == 0 {
-            return Chosen {
-                policy: default.0,
-                max_rate: default.1,
-                sub: None,
-            };
+            return Chosen::by_default(default);
         }
         self.policy_among_subs(topic, default)
     }
@@ -356,11 +352,7 @@ impl<O> Conn<O> {
                 sub: Some(i),
             });
         }
-        best.unwrap_or(Chosen {
-            policy: default.0,
-            max_rate: default.1,
-            sub: None,
-        })
+        best.unwrap_or(Chosen::by_default(default))
     }
 }
 
@@ -369,6 +361,18 @@ struct Chosen {
     policy: Policy,
     max_rate: Option<f64>,
     sub: Option<usize>,
+}
+
+impl Chosen {
+    /// The topic's default policy and rate, no subscription's.
+    #[inline(always)]
+    fn by_default((policy, max_rate): (Policy, Option<f64>)) -> Chosen {
+        Chosen {
+            policy,
+            max_rate,
+            sub: None,
+        }
+    }
 }
 
 pub struct Engine<O> {
