@@ -59,8 +59,8 @@ _READ = 64 * 1024
 
 # The size of the blocks a binary payload is masked in, a multiple of 4 (the key's length): an
 # image up to 1024² × 2 bytes goes as one block, masked at once and written in one call. Each
-# block is a `transport.write` and often a wait for the transport to drain, which in small
-# blocks (124 KiB) was most of what a 512² × 2 image cost the client beyond the copies. A larger
+# block is a `transport.write` and often a wait for the transport to drain, so the fewer the
+# blocks, the less a large image costs beyond its copies (bench/RESULTS.md). A larger
 # payload goes in blocks of this size: the masked copy held at once stays this large, and after
 # the first message glibc's dynamic mmap threshold (which rises to a freed block's size, up to
 # 32 MiB) has each block come from the heap, reused, not mapped and page-faulted in afresh.
