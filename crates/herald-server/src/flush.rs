@@ -39,11 +39,15 @@ const FRAMES_KEPT: usize = 1024;
 /// write each rather than 25 (docs/performance.md).
 const FLUSH_AFTER: usize = 1024;
 
-/// How many times the hold may double while the input stays behind: up to 32,768 deliveries
-/// (about 10 ms of engine work). Among 4,000 subscribers receiving alike, each gets one
-/// delivery in 4,000: a hold of 1,024 gives most of them one message, nothing to share a
-/// write with; one of 32,768 gives each about eight. Only a reader already behind gets there.
-const MAX_DOUBLINGS: u32 = 5;
+/// How many times the hold may double while the input stays behind: up to 1,048,576
+/// deliveries, so that up to 16,384 subscribers it is [`ENOUGH_PER_CONNECTION`] that ends the
+/// growth, not this cap. Among 9,000 subscribers receiving alike, each gets one delivery in
+/// 9,000: a hold of 1,024 gives most of them one message, nothing to share a write with; a
+/// hold of 32,768 gives each about four, and a reader that far behind stays behind, its writes
+/// costing more than its input brings. Growing until each write carries enough,
+/// the reader's cost per delivery falls as its backlog grows, until it catches up (as a loop
+/// that reads all its input before writing does). Only a reader already behind gets there.
+const MAX_DOUBLINGS: u32 = 10;
 
 /// Deliveries per noted connection past which holding saves no more writes: a write of 64
 /// small frames already spreads its cost over them, and the first of them has waited for the
@@ -445,6 +449,29 @@ mod tests {
         // Drained, the rest leaves too.
         pending.drained();
         each_receives(&conns[CHUNK..], first * hi_len());
+    }
+
+    /// A backlog to more subscribers than a hold of 32,768 gives [`ENOUGH_PER_CONNECTION`]
+    /// each keeps growing while the input stays behind, until each noted connection has
+    /// enough for a write; then it leaves, and nothing is lost on the way.
+    #[tokio::test]
+    async fn a_backlog_to_many_subscribers_is_held_until_each_has_enough() {
+        let conns = connections((32_768 / ENOUGH_PER_CONNECTION) + 88);
+        let n = conns.len();
+        let mut pending = Pending::default();
+        let mut most_held = 0;
+        let publishes = 5 * ENOUGH_PER_CONNECTION;
+        for _ in 0..publishes {
+            publish_to_all(&mut pending, &conns, 1);
+            most_held = most_held.max(pending.held);
+        }
+        let enough = ENOUGH_PER_CONNECTION * n;
+        assert!(
+            most_held >= enough - n && most_held < enough + n,
+            "held at most {most_held} deliveries, where {n} subscribers have enough at {enough}"
+        );
+        pending.drained();
+        each_receives(&conns, publishes * hi_len());
     }
 
     /// A long flush goes [`CHUNK`] connections at a time, those noted first first. What is
