@@ -213,10 +213,21 @@ pub fn is_pattern(s: &str) -> bool {
 
 /// Does `pattern` match `topic`? The reference definition, written for clarity rather than
 /// speed: tests check the index against it, and snapshot lookups use it on a handful of topics.
+/// One shortcut: a pattern holding neither `*` nor `>` has no wildcard level, so it matches
+/// only the topic equal to it; codecs that test each of a connection's patterns on every
+/// delivery (STOMP, MQTT's credit) mostly hold such patterns.
 ///
 /// Assumes both are valid. `>` is taken as a wildcard only as the last level (elsewhere it is
 /// compared literally), so the answer is well defined for any input.
 pub fn matches(pattern: &str, topic: &str) -> bool {
+    if !pattern.bytes().any(|b| b == b'*' || b == b'>') {
+        return pattern == topic;
+    }
+    matches_by_level(pattern, topic)
+}
+
+/// [`matches`] without its shortcut: level by level.
+fn matches_by_level(pattern: &str, topic: &str) -> bool {
     let mut p = pattern.split('/').peekable();
     let mut t = topic.split('/');
     loop {
@@ -618,6 +629,22 @@ mod tests {
                 is_plain_topic(topic.as_bytes()),
                 check(&topic, false, MAX_TOPIC_BYTES).is_ok(),
                 "{}", topic
+            );
+        }
+
+        /// The shortcut for patterns without a wildcard answers as the levels do.
+        #[test]
+        fn a_pattern_without_wildcards_matches_as_its_levels_do(
+            pattern in proptest::collection::vec(
+                proptest::sample::select(vec!["a", "b", "*", ">", "a*", ">b", ""]), 1..4),
+            topic in proptest::collection::vec(
+                proptest::sample::select(vec!["a", "b", "a*", ">b", ""]), 1..4),
+        ) {
+            let (pattern, topic) = (pattern.join("/"), topic.join("/"));
+            proptest::prop_assert_eq!(
+                matches(&pattern, &topic),
+                matches_by_level(&pattern, &topic),
+                "{} against {}", pattern, topic
             );
         }
     }

@@ -288,12 +288,15 @@ impl StompCodec {
             let head = head.get_or_insert_with(|| {
                 n = state.next_message;
                 state.next_message += 1;
-                let dropped = state.dropped.remove(m.topic());
-                let id = n.to_string();
+                // Hashing the topic is skipped while nothing was dropped, as almost always.
+                let dropped = match state.dropped.is_empty() {
+                    true => None,
+                    false => state.dropped.remove(m.topic()),
+                };
                 let destination = destination_of(m.topic(), self.dialect);
                 MessageHead::new(
                     &MessageParts {
-                        message_id: &id,
+                        message_id: n,
                         destination: &destination,
                         content_type: m.content_type(),
                         body_len: m.payload().len(),

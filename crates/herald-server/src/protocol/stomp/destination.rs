@@ -113,16 +113,20 @@ pub fn subscription_patterns(
 /// by a non-STOMP client) keeps its herald form: no dotted destination names it, and with two
 /// or more levels its `/` tells it apart from every dotted one; a single level holding `.`
 /// (`v1.2`) reads back as dotted levels, the one case where the destination only informs.
+///
+/// Built for every MESSAGE: the levels are looked at only when the topic holds a `#`, and the
+/// destination is written into one allocation.
 pub fn destination_of(topic: &str, dialect: Dialect) -> String {
     let dotted = dialect == Dialect::Dotted
-        && topic
-            .split('/')
-            .all(|level| !level.contains('.') && level != "#");
-    if dotted {
-        format!("{TOPIC}{}", topic.replace('/', "."))
-    } else {
-        format!("{TOPIC}{topic}")
+        && !topic.contains('.')
+        && !(topic.contains('#') && topic.split('/').any(|level| level == "#"));
+    let mut destination = String::with_capacity(TOPIC.len() + topic.len());
+    destination.push_str(TOPIC);
+    match dotted {
+        true => destination.extend(topic.chars().map(|c| if c == '/' { '.' } else { c })),
+        false => destination.push_str(topic),
     }
+    destination
 }
 
 fn rest(destination: &str) -> Result<&str, DestinationError> {

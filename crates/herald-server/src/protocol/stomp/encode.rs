@@ -34,10 +34,19 @@ pub const DROPPED_REASON: &str = "dropped-reason";
 /// The NUL that ends every frame (the last chunk of a [`MessageFrame`]).
 pub const END: Bytes = Bytes::from_static(b"\0");
 
+/// A header named by herald (its names hold nothing to escape), its value escaped.
 fn header(out: &mut BytesMut, name: &str, value: &str, version: Option<Version>) {
-    escape::write(out, name, version);
+    out.put_slice(name.as_bytes());
     out.put_u8(b':');
     escape::write(out, value, version);
+    out.put_u8(b'\n');
+}
+
+/// A header whose value is a number, which holds nothing to escape either.
+fn number_header(out: &mut BytesMut, name: &str, value: u64) {
+    out.put_slice(name.as_bytes());
+    out.put_u8(b':');
+    out.put_slice(itoa::Buffer::new().format(value).as_bytes());
     out.put_u8(b'\n');
 }
 
@@ -155,9 +164,9 @@ impl Subscriber {
 /// What a MESSAGE says about the message, the same for every subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageParts<'a> {
-    /// Unique among the messages a connection may acknowledge; herald never puts a `:` in it,
-    /// so that [`parse_ack`] can split an `ack` value at its last `:`.
-    pub message_id: &'a str,
+    /// Unique among the messages a connection may acknowledge: the delivery's number on the
+    /// connection (a number has no `:`, so [`parse_ack`] can split an `ack` value at its last).
+    pub message_id: u64,
     pub destination: &'a str,
     pub content_type: Option<&'a str>,
     pub body_len: usize,
@@ -183,28 +192,28 @@ impl MessageHead {
     pub fn new(parts: &MessageParts<'_>, version: Version) -> MessageHead {
         let v = Some(version);
         let mut out = BytesMut::with_capacity(
-            2 * parts.message_id.len()
+            2 * 20
                 + parts.destination.len()
                 + parts.epoch.len()
                 + parts.content_type.map_or(0, str::len)
                 + 128,
         );
-        escape::write(&mut out, parts.message_id, v);
+        out.put_slice(itoa::Buffer::new().format(parts.message_id).as_bytes());
         out.put_u8(b'\n');
         let headers_at = out.len();
-        header(&mut out, "message-id", parts.message_id, v);
+        number_header(&mut out, "message-id", parts.message_id);
         header(&mut out, "destination", parts.destination, v);
         if let Some(ct) = parts.content_type {
             header(&mut out, "content-type", ct, v);
         }
-        header(&mut out, "content-length", &parts.body_len.to_string(), v);
-        header(&mut out, SEQ, &parts.seq.to_string(), v);
+        number_header(&mut out, "content-length", parts.body_len as u64);
+        number_header(&mut out, SEQ, parts.seq);
         header(&mut out, EPOCH, parts.epoch, v);
         if let Some(ts) = parts.ts {
-            header(&mut out, TS, &ts.to_string(), v);
+            number_header(&mut out, TS, ts);
         }
         if let Some((count, reason)) = parts.dropped {
-            header(&mut out, DROPPED, &count.to_string(), v);
+            number_header(&mut out, DROPPED, count);
             header(&mut out, DROPPED_REASON, reason, v);
         }
         out.put_u8(b'\n');

@@ -46,18 +46,27 @@ pub fn write(out: &mut impl BufMut, text: &str, version: Option<Version>) {
         Some(Version::V1_1) => b"\n:\\",
         Some(Version::V1_0) | None => b"",
     };
-    for &b in text.as_bytes() {
-        match b {
-            b'\r' | b'\n' | b':' | b'\\' if escapes.contains(&b) => out.put_slice(match b {
+    // Values seldom hold a character to escape: what lies between two is copied whole, not
+    // a byte at a time (every MESSAGE writes its headers through here).
+    let mut rest = text.as_bytes();
+    while let Some(at) = rest
+        .iter()
+        .position(|b| matches!(b, b'\r' | b'\n' | b':' | b'\\'))
+    {
+        out.put_slice(&rest[..at]);
+        match rest[at] {
+            b if escapes.contains(&b) => out.put_slice(match b {
                 b'\r' => b"\\r",
                 b'\n' => b"\\n",
                 b':' => b"\\c",
                 _ => b"\\\\",
             }),
             b'\r' | b'\n' => out.put_u8(b' '),
-            _ => out.put_u8(b),
+            b => out.put_u8(b),
         }
+        rest = &rest[at + 1..];
     }
+    out.put_slice(rest);
 }
 
 #[cfg(test)]

@@ -422,7 +422,7 @@ fn read_message(frame: &encode::MessageFrame) -> (Vec<(String, String)>, Bytes) 
 fn message_frames_share_their_head_and_body() {
     let payload = Bytes::from_static(b"\x00binary\x00payload");
     let parts = MessageParts {
-        message_id: "e1.42",
+        message_id: 42,
         destination: "/topic/quotes/fx/EUR:USD",
         content_type: Some("application/octet-stream"),
         body_len: payload.len(),
@@ -440,7 +440,7 @@ fn message_frames_share_their_head_and_body() {
     assert_eq!(body, payload);
     let want = [
         ("subscription", "sub-0"),
-        ("message-id", "e1.42"),
+        ("message-id", "42"),
         ("destination", "/topic/quotes/fx/EUR:USD"),
         ("content-type", "application/octet-stream"),
         ("content-length", "15"),
@@ -456,8 +456,8 @@ fn message_frames_share_their_head_and_body() {
     let b = head.frame(&acked, &payload);
     let (headers, _) = read_message(&b);
     assert_eq!(headers[0], ("subscription".into(), "s:1\n".into()));
-    assert_eq!(headers[1], ("ack".into(), "s:1\n:e1.42".into()));
-    assert_eq!(encode::parse_ack(&headers[1].1), Some(("s:1\n", "e1.42")));
+    assert_eq!(headers[1], ("ack".into(), "s:1\n:42".into()));
+    assert_eq!(encode::parse_ack(&headers[1].1), Some(("s:1\n", "42")));
     assert_eq!(headers[2..], want[1..]);
 
     // Nothing was copied: both frames point at the payload and at one shared head buffer.
