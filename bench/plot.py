@@ -91,24 +91,18 @@ def svg(title, xlabel, ylabel, series, log_y, path, x_ticks=None):
 
 
 def solace_clients():
-    """Solace 3.1.2 at 1,000-9,000 clients, every run of herald 0da3cb5 in session 14's
-    quick minutes (11:38-12:03 UTC) and the C reference beside it at 2,000 clients."""
-    runs = load("session14.json")["runs"]
-    labels = {"h1k", "head1k", "head2000", "head4000", "head", "s2k", "C-ref"}
-    h50, h999, c999, c50 = [], [], [], []
-    for r in runs:
-        if r["label"] not in labels or not ("11:38" <= r["finished_utc"][:5] <= "12:03"):
-            continue
-        for s in r["report"]["steps"]:
-            p50, p999 = s["latency_us"]["p50"] / 1000, s["latency_us"]["p999"] / 1000
-            if r["label"] == "C-ref":
-                c50.append((s["clients"], p50)); c999.append((s["clients"], p999))
-            else:
-                h50.append((s["clients"], p50)); h999.append((s["clients"], p999))
-    svg("Solace 3.1.2 (seed 003): latency by clients, each run (herald 0da3cb5, 2026-11-25)",
+    """Solace 3.1.2 at 1,000-9,000 clients: every round of bench/reference-pairs.sh, herald
+    a2581ab and the C reference interleaved (2026-11-29)."""
+    series = {}
+    for r in load("solace-3.1.2-clients-a2581ab.json")["runs"]:
+        s = r["step"]
+        for q, name in (("p999", "p99.9"), ("p50", "p50")):
+            point = (s["clients"], s["latency_us"][q] / 1000)
+            series.setdefault(f'{r["server"]} {name}', []).append(point)
+    order = ["herald p99.9", "herald p50", "reference p99.9", "reference p50"]
+    svg("Solace 3.1.2 (seed 003): latency by clients, each round (herald a2581ab, 2026-11-29)",
         "clients (100 deliveries/s each)", "latency (ms, log scale)",
-        [("herald p99.9", h999, "points"), ("herald p50", h50, "points"),
-         ("C reference p99.9", c999, "points"), ("C reference p50", c50, "points")],
+        [(name.replace("reference", "C reference"), series[name], "points") for name in order],
         True, "solace-3.1.2-clients.svg")
 
 
