@@ -456,6 +456,8 @@ mod tests {
     /// enough for a write; then it leaves, and nothing is lost on the way.
     #[tokio::test]
     async fn a_backlog_to_many_subscribers_is_held_until_each_has_enough() {
+        // Two files per connection: more than a default soft limit of 1,024.
+        crate::process::raise_open_file_limit();
         let conns = connections((32_768 / ENOUGH_PER_CONNECTION) + 88);
         let n = conns.len();
         let mut pending = Pending::default();
