@@ -213,17 +213,23 @@ pub fn is_pattern(s: &str) -> bool {
 
 /// Does `pattern` match `topic`? The reference definition, written for clarity rather than
 /// speed: tests check the index against it, and snapshot lookups use it on a handful of topics.
-/// One shortcut: a pattern holding neither `*` nor `>` has no wildcard level, so it matches
-/// only the topic equal to it; codecs that test each of a connection's patterns on every
-/// delivery (STOMP, MQTT's credit) mostly hold such patterns.
+/// One shortcut: an [`is_exact`] pattern matches only the topic equal to it; codecs that test
+/// each of a connection's patterns on every delivery (STOMP, MQTT's credit) mostly hold such
+/// patterns.
 ///
 /// Assumes both are valid. `>` is taken as a wildcard only as the last level (elsewhere it is
 /// compared literally), so the answer is well defined for any input.
 pub fn matches(pattern: &str, topic: &str) -> bool {
-    if !pattern.bytes().any(|b| b == b'*' || b == b'>') {
+    if is_exact(pattern) {
         return pattern == topic;
     }
     matches_by_level(pattern, topic)
+}
+
+/// Whether `pattern` holds neither `*` nor `>`, so that no level of it is a wildcard: it
+/// matches only the topic equal to it.
+pub fn is_exact(pattern: &str) -> bool {
+    !pattern.bytes().any(|b| b == b'*' || b == b'>')
 }
 
 /// [`matches`] without its shortcut: level by level.

@@ -64,6 +64,9 @@ pub struct Subscription {
     pub id: String,
     /// The herald patterns its destination maps to.
     pub patterns: Vec<String>,
+    /// None of them has a wildcard ([`topic::is_exact`]): a message's topic is compared with
+    /// each, rather than each scanned for wildcards on every delivery.
+    exact: bool,
     pub ack: AckMode,
     prefix: Subscriber,
     /// Delivered and not yet acknowledged (client acks only): message number → the index in
@@ -76,6 +79,7 @@ impl Subscription {
         let prefix = Subscriber::new(&id, version, ack != AckMode::Auto);
         Subscription {
             id,
+            exact: patterns.iter().all(|p| topic::is_exact(p)),
             patterns,
             ack,
             prefix,
@@ -278,11 +282,12 @@ impl StompCodec {
             PayloadKind::Binary => OpCode::Binary,
         };
         for sub in state.subscriptions.iter_mut() {
-            let Some(at) = sub
-                .patterns
-                .iter()
-                .position(|p| topic::matches(p, m.topic()))
-            else {
+            let mut patterns = sub.patterns.iter();
+            let at = match sub.exact {
+                true => patterns.position(|p| p == m.topic()),
+                false => patterns.position(|p| topic::matches(p, m.topic())),
+            };
+            let Some(at) = at else {
                 continue;
             };
             let head = head.get_or_insert_with(|| {
