@@ -44,9 +44,9 @@ const FLUSH_AFTER: usize = 1024;
 /// growth, not this cap. Among 9,000 subscribers receiving alike, each gets one delivery in
 /// 9,000: a hold of 1,024 gives most of them one message, nothing to share a write with; a
 /// hold of 32,768 gives each about four, and a reader that far behind stays behind, its writes
-/// costing more than its input brings. Growing until each write carries enough,
-/// the reader's cost per delivery falls as its backlog grows, until it catches up (as a loop
-/// that reads all its input before writing does). Only a reader already behind gets there.
+/// costing more than its input brings. Growing until each write carries enough, the reader's
+/// cost per delivery falls as its backlog grows, until it catches up (as a loop that reads all
+/// its input before writing does). Only a reader already behind gets there.
 const MAX_DOUBLINGS: u32 = 10;
 
 /// Deliveries per noted connection past which holding saves no more writes: a write of 64

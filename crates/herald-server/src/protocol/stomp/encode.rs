@@ -191,6 +191,7 @@ pub struct MessageHead {
 impl MessageHead {
     pub fn new(parts: &MessageParts<'_>, version: Version) -> MessageHead {
         let v = Some(version);
+        // The message-id twice (a u64 has at most 20 digits), the values, and room for names.
         let mut out = BytesMut::with_capacity(
             2 * 20
                 + parts.destination.len()
