@@ -86,6 +86,15 @@ impl Subscription {
             unacked: BTreeMap::new(),
         }
     }
+
+    /// The index in `patterns` of the first that matches `topic`, if any.
+    fn matching(&self, topic: &str) -> Option<usize> {
+        let mut patterns = self.patterns.iter();
+        match self.exact {
+            true => patterns.position(|p| p == topic),
+            false => patterns.position(|p| topic::matches(p, topic)),
+        }
+    }
 }
 
 /// What an ACK or NACK names.
@@ -282,12 +291,7 @@ impl StompCodec {
             PayloadKind::Binary => OpCode::Binary,
         };
         for sub in state.subscriptions.iter_mut() {
-            let mut patterns = sub.patterns.iter();
-            let at = match sub.exact {
-                true => patterns.position(|p| p == m.topic()),
-                false => patterns.position(|p| topic::matches(p, m.topic())),
-            };
-            let Some(at) = at else {
+            let Some(at) = sub.matching(m.topic()) else {
                 continue;
             };
             let head = head.get_or_insert_with(|| {
