@@ -213,9 +213,8 @@ pub fn is_pattern(s: &str) -> bool {
 
 /// Does `pattern` match `topic`? The reference definition, written for clarity rather than
 /// speed: tests check the index against it, and snapshot lookups use it on a handful of topics.
-/// One shortcut: an [`is_exact`] pattern matches only the topic equal to it; codecs that test
-/// each of a connection's patterns on every delivery (STOMP, MQTT's credit) mostly hold such
-/// patterns.
+/// One shortcut: an [`is_exact`] pattern matches only the topic equal to it; callers that test
+/// each of a connection's patterns on every delivery mostly hold such patterns.
 ///
 /// Assumes both are valid. `>` is taken as a wildcard only as the last level (elsewhere it is
 /// compared literally), so the answer is well defined for any input.

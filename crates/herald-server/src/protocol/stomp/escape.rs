@@ -47,7 +47,7 @@ pub fn write(out: &mut impl BufMut, text: &str, version: Option<Version>) {
         Some(Version::V1_0) | None => b"",
     };
     // Values seldom hold a character to escape: what lies between two is copied whole, not
-    // a byte at a time (every MESSAGE writes its headers through here).
+    // a byte at a time (every MESSAGE writes its destination and epoch through here).
     let mut rest = text.as_bytes();
     while let Some(at) = rest
         .iter()
