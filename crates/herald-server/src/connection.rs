@@ -531,7 +531,7 @@ impl Connection {
 
 /// Slices per vectored write: IOV_MAX, the most Linux takes in one system call, so that a
 /// subscribe burst's hundred replies, or a hold's 64 messages for one connection, leave in
-/// one system call (on loopback, one TCP segment) rather than one per 16 frames.
+/// one system call (on loopback, one TCP segment) rather than one per 32 slices.
 const MAX_SLICES: usize = 1024;
 
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly
@@ -796,17 +796,22 @@ mod tests {
         }
     }
 
+    /// A direct socket on loopback (in the current runtime), and its blocking peer.
+    fn direct_socket() -> (DirectSocket, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let (_read, write) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
+        (DirectSocket::new(write), peer)
+    }
+
     /// A direct write of many frames (bodies empty and not, so some frames give one slice and
     /// some two) takes several system calls of at most `MAX_SLICES` slices each; a real socket
     /// receives every byte, in order, and the write counts them all.
     #[tokio::test]
     async fn a_direct_write_sends_every_frame_in_order() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (ours, _) = listener.accept().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        let (_read, write) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
-        let socket = DirectSocket::new(write);
+        let (socket, mut peer) = direct_socket();
         // 3,500 slices: four system calls.
         let (frames, expected) = numbered_frames(2000, 3);
         let mut queued = frames.clone();
@@ -846,12 +851,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn a_burst_of_small_frames_leaves_in_one_segment() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (ours, _) = listener.accept().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        let (_read, write) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
-        let socket = DirectSocket::new(write);
+        let (socket, mut peer) = direct_socket();
         // 300 frames, 525 slices.
         let (frames, expected) = numbered_frames(300, 3);
         let before = data_segments_out(&socket);
