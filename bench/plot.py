@@ -92,15 +92,15 @@ def svg(title, xlabel, ylabel, series, log_y, path, x_ticks=None):
 
 def solace_clients():
     """Solace 3.1.2 at 1,000-9,000 clients: every round of bench/reference-pairs.sh, herald
-    a2581ab and the C reference interleaved (2026-11-29)."""
+    16c568e and the C reference interleaved (2026-11-29)."""
     series = {}
-    for r in load("solace-3.1.2-clients-a2581ab.json")["runs"]:
+    for r in load("solace-3.1.2-clients-16c568e.json")["runs"]:
         s = r["step"]
         for q, name in (("p999", "p99.9"), ("p50", "p50")):
             point = (s["clients"], s["latency_us"][q] / 1000)
             series.setdefault(f'{r["server"]} {name}', []).append(point)
     order = ["herald p99.9", "herald p50", "reference p99.9", "reference p50"]
-    svg("Solace 3.1.2 (seed 003): latency by clients, each round (herald a2581ab, 2026-11-29)",
+    svg("Solace 3.1.2 (seed 003): latency by clients, each round (herald 16c568e, 2026-11-29)",
         "clients (100 deliveries/s each)", "latency (ms, log scale)",
         [(name.replace("reference", "C reference"), series[name], "points") for name in order],
         True, "solace-3.1.2-clients.svg")
