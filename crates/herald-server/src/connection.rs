@@ -531,7 +531,8 @@ impl Connection {
 
 /// Slices per vectored write: IOV_MAX, the most Linux takes in one system call, so that a
 /// subscribe burst's hundred replies, or a hold's 64 messages for one connection, leave in
-/// one system call (on loopback, one TCP segment) rather than one per 32 slices.
+/// one system call (on loopback, one TCP segment). The direct write's array of them is 16 KiB
+/// of stack.
 const MAX_SLICES: usize = 1024;
 
 /// Writes as much of `frames` as the socket takes now, removing what was written (a partly

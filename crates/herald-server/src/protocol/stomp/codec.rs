@@ -62,8 +62,8 @@ impl AckMode {
 #[derive(Debug)]
 pub struct Subscription {
     pub id: String,
-    /// The herald patterns its destination maps to.
-    pub patterns: Vec<String>,
+    /// The herald patterns its destination maps to; fixed once made, as `exact` describes them.
+    patterns: Vec<String>,
     /// None of them has a wildcard ([`topic::is_exact`]): a message's topic is compared with
     /// each, rather than each scanned for wildcards on every delivery.
     exact: bool,
