@@ -6,10 +6,14 @@
 // core 0 writes one SIZE-byte message to every connection per round, RATE writes a second in
 // all; a reader thread pinned to core 1 drains them with epoll, as the bench's subscribers do.
 // The cost is core 0's busy time (/proc/stat: everything but idle and iowait, so the softirq
-// work the writes cause is counted) over the writes made.
+// work the writes cause is counted) over the writes made. `spaced` sends as `write` does but
+// waits GAP µs (spinning, its time taken off the busy time) after each send, so that the
+// reader has drained and sleeps when the next arrives: the difference is what waking the
+// reader costs the writer.
 //
-//   write_cost N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE]
+//   write_cost N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE] [GAP]
 //   e.g. write_cost 2000 100000 30 write,uring,uring-fd 32
+//        write_cost 1000 20000 20 write,spaced 32 80 30
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <liburing.h>
@@ -91,8 +95,8 @@ static void pair(int listener, struct sockaddr_in *addr, int *w, int *r) {
     *r = c;
 }
 
-enum mode { SEND, URING_FIXED, URING_FD, MODES };
-static const char *mode_names[MODES] = {"write", "uring", "uring-fd"};
+enum mode { SEND, SPACED, URING_FIXED, URING_FD, MODES };
+static const char *mode_names[MODES] = {"write", "spaced", "uring", "uring-fd"};
 
 // Adds core 0's ticks since the last call (*b0, *t0) to `mode` (none while warming up: -1).
 static void settle(int mode, long long *busy, long long *total, long long *b0, long long *t0) {
@@ -107,10 +111,11 @@ static void settle(int mode, long long *busy, long long *total, long long *b0, l
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE]\n"
-                        "  MODE: write (send(2) a socket at a time), uring (io_uring sends, registered\n"
-                        "  files), uring-fd (io_uring sends on the plain descriptors); several modes take\n"
-                        "  turns a second each, so a drifting host weighs on all alike\n", argv[0]);
+        fprintf(stderr, "usage: %s N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE] [GAP]\n"
+                        "  MODE: write (send(2) a socket at a time), spaced (the same, GAP us apart: the\n"
+                        "  reader sleeps between them), uring (io_uring sends, registered files), uring-fd\n"
+                        "  (io_uring sends on the plain descriptors); several modes take turns a second\n"
+                        "  each, so a drifting host weighs on all alike\n", argv[0]);
         return 2;
     }
     n_conns = atoi(argv[1]);
@@ -124,9 +129,11 @@ int main(int argc, char **argv) {
     }
     int batch = argc > 5 ? atoi(argv[5]) : 32;
     int size = argc > 6 ? atoi(argv[6]) : 96;
-    if (n_conns < 1 || rate <= 0 || seconds < 1 || n_modes == 0 || batch < 1 || batch > 4096 || size < 1) {
+    double gap_s = (argc > 7 ? atof(argv[7]) : 30) / 1e6;
+    if (n_conns < 1 || rate <= 0 || seconds < 1 || n_modes == 0 || batch < 1 || batch > 4096 || size < 1 ||
+        gap_s < 0) {
         fprintf(stderr, "N, RATE, SIZE and BATCH (at most 4096) must be positive, SECONDS at least 1, "
-                        "and MODE one of write, uring, uring-fd\n");
+                        "GAP not negative, and MODE one of write, spaced, uring, uring-fd\n");
         return 2;
     }
     writers = calloc(n_conns, sizeof *writers);
@@ -153,6 +160,7 @@ int main(int argc, char **argv) {
     // One second of warm-up, then a second of each mode in turn.
     double round_s = n_conns / rate, start = now_s(), end = start + 1.0 + seconds;
     long long busy[MODES] = {0}, total[MODES] = {0}, b0 = 0, t0 = 0;
+    double spun[MODES] = {0}; // seconds `spaced` spent waiting, taken off its busy time
     long writes[MODES] = {0}, short_writes = 0;
     int slot = -1; // -1: warming up, in the first mode
 #define MEASURED(slot) ((slot) < 0 ? -1 : modes[(slot) % n_modes])
@@ -165,9 +173,15 @@ int main(int argc, char **argv) {
         int mode = slot < 0 ? modes[0] : MEASURED(slot);
         for (int i = 0; i < n_conns; i += batch) {
             int k = i + batch > n_conns ? n_conns - i : batch;
-            if (mode == SEND) {
-                for (int j = i; j < i + k; j++)
+            if (mode == SEND || mode == SPACED) {
+                for (int j = i; j < i + k; j++) {
                     short_writes += send(writers[j], msg, size, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
+                    if (mode == SPACED) {
+                        double from = now_s(), until = from + gap_s, at;
+                        while ((at = now_s()) < until) {}
+                        if (slot >= 0) spun[mode] += at - from;
+                    }
+                }
             } else {
                 for (int j = i; j < i + k; j++) {
                     struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
@@ -198,7 +212,7 @@ int main(int argc, char **argv) {
     printf("%d conns, %.0f writes/s, %d bytes, batches of %d, %ld short:", n_conns, rate, size, batch, short_writes);
     for (int i = 0; i < n_modes; i++) {
         int m = modes[i];
-        double busy_s = busy[m] / (double)sysconf(_SC_CLK_TCK);
+        double busy_s = busy[m] / (double)sysconf(_SC_CLK_TCK) - spun[m];
         printf("  %s %.2f us a write (core 0 %.0f%% busy)", mode_names[m], writes[m] ? 1e6 * busy_s / writes[m] : 0,
                total[m] ? 100.0 * busy[m] / total[m] : 0);
     }
