@@ -44,10 +44,7 @@ for round in $(seq "$rounds"); do
     ref_port=$(port)
     taskset -c 0 "$here/reference/epoll_fanout" "$ref_port" >"$work/reference.log" 2>&1 &
     ref_pid=$!
-    for _ in $(seq 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$ref_port") 2>/dev/null; then break; fi
-        sleep 0.1
-    done
+    wait_listening "$ref_port" || true
     run reference "$round" 1 --url "ws://127.0.0.1:$ref_port/ws" --server-pid "$ref_pid"
     stop "$ref_pid"; ref_pid=""
 done

@@ -1,7 +1,7 @@
-# Shared by the interleaved-round scripts (bench/mqtt-vs-mosquitto.sh,
-# bench/reference-pairs.sh, bench/workers-pairs.sh): sourced, not run, after the script sets
-# `here` to bench/. Their shared options and defaults, the checks before the rounds, and `run`,
-# which passes `extra` (more `--set`s) to every bench run.
+# Shared by the interleaved-round scripts (bench/build-pairs.sh, bench/mqtt-vs-mosquitto.sh,
+# bench/profile-pairs.sh, bench/reference-pairs.sh, bench/workers-pairs.sh): sourced, not run,
+# after the script sets `here` to bench/. Their shared options and defaults, the checks before
+# the rounds, and `run`, which passes `extra` (more `--set`s) to every bench run.
 
 clients=1000 duration=20 warmup=5 rounds=3
 bin="$here/../target/release/herald"
@@ -35,6 +35,16 @@ prepare_rounds() {
 }
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Waits up to 10 s for something to listen on 127.0.0.1:PORT (a server this script started).
+wait_listening() {
+    for _ in $(seq 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "   nothing listens on port $1 after 10 s" >&2
+    return 1
+}
 
 # Stops a process this script started: TERM, then KILL after 5 s.
 stop() {

@@ -44,10 +44,7 @@ serve_and_run() {
     taskset -c "$cores" "$bin" serve --listen "127.0.0.1:$p" --config "$work/herald.toml" \
         --workers "$workers" --log warn >"$work/$name.log" 2>&1 &
     server_pid=$!
-    for _ in $(seq 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then break; fi
-        sleep 0.1
-    done
+    wait_listening "$p" || true
     run "$name" "$round" 1 --url "ws://127.0.0.1:$p/ws" --server-pid "$server_pid"
     stop "$server_pid"; server_pid=""
 }
