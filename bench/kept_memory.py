@@ -52,7 +52,9 @@ async def publish_round(pub, topics, kind, payload):
     """One message to every topic, then an acknowledged one: herald has taken them all."""
     for t in range(topics):
         if kind == "text":
-            await pub.send(json.dumps({"op": "pub", "topic": f"t/{t}", "data": payload}))
+            await pub.send(
+                json.dumps({"op": "pub", "topic": f"t/{t}", "data": payload})
+            )
         else:
             head = json.dumps({"op": "pub", "topic": f"t/{t}"}).encode()
             await pub.send(struct.pack(">I", len(head)) + head + payload)
@@ -65,7 +67,36 @@ async def publish_round(pub, topics, kind, payload):
             raise RuntimeError(f"herald refused a publish: {reply}")
 
 
-async def measure(binary, topics, keep, size, kind, subscribed, scratch):
+async def fill(url, pid, topics, keep, size, kind, subscribed):
+    """Fills the histories; returns herald's RSS (KiB) after the first round and after the last."""
+    drainer = None
+    if subscribed:
+        sub = await websockets.connect(url, max_size=None)
+        await sub.send(json.dumps({"op": "sub", "id": 1, "topic": "t/>"}))
+        await sub.recv()
+
+        async def drain():
+            async for _ in sub:
+                pass
+
+        drainer = asyncio.create_task(drain())
+    pub = await websockets.connect(url, max_size=None)
+    payload = "x" * size if kind == "text" else bytes(size)
+    await publish_round(pub, topics, kind, payload)
+    await asyncio.sleep(1)
+    before = rss_kib(pid)
+    for _ in range(keep - 1):
+        await publish_round(pub, topics, kind, payload)
+    await asyncio.sleep(1)
+    after = rss_kib(pid)
+    await pub.close()
+    if drainer:
+        drainer.cancel()
+    return before, after
+
+
+def measure(binary, topics, keep, size, kind, subscribed, scratch):
+    """One case on a herald of its own: RSS before, after, and the messages added between."""
     port = free_port()
     config = os.path.join(scratch, f"herald-{port}.toml")
     with open(config, "w") as f:
@@ -73,7 +104,16 @@ async def measure(binary, topics, keep, size, kind, subscribed, scratch):
         f.write(f'[[history]]\npattern = ">"\nmax_messages = {keep}\n')
         f.write("max_bytes = 1073741824\nmax_age_secs = 3600\n")
     server = subprocess.Popen(
-        [binary, "serve", "--listen", f"127.0.0.1:{port}", "--config", config, "--log", "error"]
+        [
+            binary,
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--config",
+            config,
+            "--log",
+            "error",
+        ]
     )
     try:
         for _ in range(100):
@@ -83,29 +123,9 @@ async def measure(binary, topics, keep, size, kind, subscribed, scratch):
             except OSError:
                 time.sleep(0.1)
         url = f"ws://127.0.0.1:{port}/ws"
-        drainer = None
-        if subscribed:
-            sub = await websockets.connect(url, max_size=None)
-            await sub.send(json.dumps({"op": "sub", "id": 1, "topic": "t/>"}))
-            await sub.recv()
-
-            async def drain():
-                async for _ in sub:
-                    pass
-
-            drainer = asyncio.create_task(drain())
-        pub = await websockets.connect(url, max_size=None)
-        payload = "x" * size if kind == "text" else bytes(size)
-        await publish_round(pub, topics, kind, payload)
-        await asyncio.sleep(1)
-        before = rss_kib(server.pid)
-        for _ in range(keep - 1):
-            await publish_round(pub, topics, kind, payload)
-        await asyncio.sleep(1)
-        after = rss_kib(server.pid)
-        await pub.close()
-        if drainer:
-            drainer.cancel()
+        before, after = asyncio.run(
+            fill(url, server.pid, topics, keep, size, kind, subscribed)
+        )
         return before, after, topics * (keep - 1)
     finally:
         server.terminate()
@@ -113,28 +133,44 @@ async def measure(binary, topics, keep, size, kind, subscribed, scratch):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=os.path.join(HERE, "..", "target", "release", "herald"))
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--bin", default=os.path.join(HERE, "..", "target", "release", "herald")
+    )
     ap.add_argument("--topics", type=int, default=2000)
     ap.add_argument("--keep", type=int, default=32)
     ap.add_argument("--size", type=int, nargs="+", default=[50, 10000])
-    ap.add_argument("--kind", choices=["text", "binary"], nargs="+", default=["text", "binary"])
-    ap.add_argument("--subscribed", choices=["yes", "no"], nargs="+", default=["no", "yes"])
+    ap.add_argument(
+        "--kind", choices=["text", "binary"], nargs="+", default=["text", "binary"]
+    )
+    ap.add_argument(
+        "--subscribed", choices=["yes", "no"], nargs="+", default=["no", "yes"]
+    )
     a = ap.parse_args()
     if not os.access(a.bin, os.X_OK):
-        ap.error(f"no herald binary at {a.bin} (cargo build --release -p herald, or --bin)")
+        ap.error(
+            f"no herald binary at {a.bin} (cargo build --release -p herald, or --bin)"
+        )
     if a.keep < 2 or a.topics < 1:
         ap.error("--keep must be at least 2 and --topics at least 1")
-    print(f"\n{a.topics:,} topics keeping {a.keep} messages each; RSS growth over the last {a.keep - 1} rounds\n")
-    print("| payload | kind | subscriber | RSS before → after (KiB) | bytes per kept message | beyond the payload |")
+    print(
+        f"\n{a.topics:,} topics keeping {a.keep} messages each; RSS growth over the last {a.keep - 1} rounds\n"
+    )
+    print(
+        "| payload | kind | subscriber | RSS before → after (KiB) | bytes per kept message | beyond the payload |"
+    )
     print("|---:|---|---|---|---:|---:|")
     with tempfile.TemporaryDirectory() as scratch:
         for size, kind, subscribed in itertools.product(a.size, a.kind, a.subscribed):
-            before, after, kept = asyncio.run(
-                measure(a.bin, a.topics, a.keep, size, kind, subscribed == "yes", scratch)
+            before, after, kept = measure(
+                a.bin, a.topics, a.keep, size, kind, subscribed == "yes", scratch
             )
             per = (after - before) * 1024 / kept
-            print(f"| {size:,} | {kind} | {subscribed} | {before:,} → {after:,} | {per:,.0f} | {per - size:,.0f} |")
+            print(
+                f"| {size:,} | {kind} | {subscribed} | {before:,} → {after:,} | {per:,.0f} | {per - size:,.0f} |"
+            )
 
 
 if __name__ == "__main__":

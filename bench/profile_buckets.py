@@ -66,7 +66,9 @@ def count(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("first")
@@ -85,22 +87,43 @@ def main():
             c = count(path)
             c["all"] = sum(c.values())
             runs[name].append(c)
-            print(f"| {name} | {r} | {c['all']:,} | " + " | ".join(f"{c[b]:,}" for b in NAMES) + " |")
+            print(
+                f"| {name} | {r} | {c['all']:,} | "
+                + " | ".join(f"{c[b]:,}" for b in NAMES)
+                + " |"
+            )
     if not runs[a.first] or not runs[a.second]:
         print("\nno profile for one of the two: no medians")
         return
-    med = {n: {b: statistics.median(c[b] for c in cs) for b in ["all"] + NAMES} for n, cs in runs.items()}
+    med = {
+        n: {b: statistics.median(c[b] for c in cs) for b in ["all"] + NAMES}
+        for n, cs in runs.items()
+    }
     print(f"\nMedians over the rounds, and {a.first} / {a.second}:\n")
     print("| | all | " + " | ".join(NAMES) + " |")
     print("|---|---:|" + "---:|" * len(NAMES))
     for n in (a.first, a.second):
-        print(f"| {n} | {med[n]['all']:,.0f} | " + " | ".join(f"{med[n][b]:,.0f}" for b in NAMES) + " |")
-    ratio = lambda b: "-" if not med[a.second][b] else f"{med[a.first][b] / med[a.second][b]:.2f}×"
-    print(f"| {a.first} / {a.second} | {ratio('all')} | " + " | ".join(ratio(b) for b in NAMES) + " |")
+        print(
+            f"| {n} | {med[n]['all']:,.0f} | "
+            + " | ".join(f"{med[n][b]:,.0f}" for b in NAMES)
+            + " |"
+        )
+    ratio = lambda b: (
+        "-" if not med[a.second][b] else f"{med[a.first][b] / med[a.second][b]:.2f}×"
+    )
+    print(
+        f"| {a.first} / {a.second} | {ratio('all')} | "
+        + " | ".join(ratio(b) for b in NAMES)
+        + " |"
+    )
     extra = med[a.first]["all"] - med[a.second]["all"]
     if extra > 0:
         share = lambda b: f"{(med[a.first][b] - med[a.second][b]) / extra:+.0%}"
-        print(f"| share of {a.first}'s extra | 100% | " + " | ".join(share(b) for b in NAMES) + " |")
+        print(
+            f"| share of {a.first}'s extra | 100% | "
+            + " | ".join(share(b) for b in NAMES)
+            + " |"
+        )
 
 
 if __name__ == "__main__":
