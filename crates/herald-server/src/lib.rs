@@ -138,7 +138,11 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let node = self.node;
-        tracing::info!(listen = %self.listener.local_addr()?, "herald serving");
+        tracing::info!(
+            listen = %self.listener.local_addr()?,
+            workers = tokio::runtime::Handle::current().metrics().num_workers(),
+            "herald serving"
+        );
         if node.auth.is_none() {
             tracing::warn!("authentication is OFF: any client may subscribe and publish to any topic; set auth.hs256_secret_file (or another key) before exposing herald (docs/security.md)");
         }

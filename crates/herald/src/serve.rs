@@ -71,7 +71,8 @@ struct Overrides {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     topic_idle_secs: Option<u64>,
-    /// Threads serving connections; 0: one per core [default: 0]
+    /// Threads serving connections (1: the serving thread alone, no pool); 0: one per core
+    /// [default: 0]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     workers: Option<usize>,
@@ -219,13 +220,24 @@ enum LogFormat {
     Json,
 }
 
-/// Runs `herald serve` on a runtime of its own, sized by the configuration's `workers`.
+/// Runs `herald serve` on a runtime of its own, sized by the configuration's `workers` (0: one
+/// per core this process may run on). One worker gets tokio's single-threaded scheduler: the
+/// same one thread, without the bookkeeping that work stealing costs every task wake-up and
+/// poll (shared run queues, waking idle workers, the scheduler's statistics), which buys
+/// nothing when there is no other worker to steal.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if config.workers > 0 {
-        runtime.worker_threads(config.workers);
-    }
+    let workers = match config.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let mut runtime = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        runtime.worker_threads(workers);
+        runtime
+    };
     let runtime = runtime
         .enable_all()
         .build()

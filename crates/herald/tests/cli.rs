@@ -547,6 +547,42 @@ fn sigterm_logs_and_exits_zero() {
     assert!(logs.contains("herald stopped"), "{logs}");
 }
 
+/// How many of process `pid`'s threads are tokio's pool workers.
+fn worker_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "tokio-rt-worker")
+        })
+        .count()
+}
+
+/// `workers` threads serve connections, and one worker is the serving thread itself (tokio's
+/// single-threaded scheduler), with no pool beside it; either way messages flow.
+#[test]
+fn serve_runs_on_the_workers_configured() {
+    for (workers, pool) in [("1", 0), ("2", 2)] {
+        let serve = Serve::start_with(&["--workers", workers], None);
+        let (mut sub, stdout) = start_sub(&serve, &["cores/>", "--count", "1"]);
+        let status = serve
+            .herald(&["pub", "cores/one", "hello"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let lines: Vec<String> = stdout.lines().map(Result::unwrap).collect();
+        assert_eq!(lines, ["hello"], "--workers {workers}");
+        assert!(sub.wait().unwrap().success());
+        assert_eq!(
+            worker_threads(serve.child.id()),
+            pool,
+            "--workers {workers}"
+        );
+        let logs = serve.stop();
+        assert!(logs.contains(&format!("workers={workers}")), "{logs}");
+    }
+}
+
 /// A line of `/proc/PID/status`, after its `key:`.
 fn proc_status(pid: u32, key: &str) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
