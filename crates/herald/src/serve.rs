@@ -221,10 +221,10 @@ enum LogFormat {
 }
 
 /// Runs `herald serve` on a runtime of its own, sized by the configuration's `workers` (0: one
-/// per core this process may run on). One worker gets tokio's single-threaded scheduler: the
-/// same one thread, without the bookkeeping that work stealing costs every task wake-up and
-/// poll (shared run queues, waking idle workers, the scheduler's statistics), which buys
-/// nothing when there is no other worker to steal.
+/// per core this process may run on). One worker gets tokio's single-threaded scheduler, which
+/// runs everything on the serving thread without the bookkeeping that work stealing costs
+/// every task wake-up and poll (shared run queues, waking idle workers, the scheduler's
+/// statistics) and that buys nothing when there is no other worker to steal from.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
     let workers = match config.workers {
