@@ -23,13 +23,11 @@ import asyncio
 import itertools
 import json
 import os
-import socket
 import struct
-import subprocess
 import tempfile
-import time
 
 import websockets
+from serving import free_port, serving
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,12 +38,6 @@ def rss_kib(pid):
             if line.startswith("VmRSS"):
                 return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def publish_round(pub, topics, kind, payload):
@@ -103,33 +95,13 @@ def measure(binary, topics, keep, size, kind, subscribed, scratch):
         f.write("[limits]\nmax_messages_per_sec = 0\nmax_bytes_per_sec = 0\n\n")
         f.write(f'[[history]]\npattern = ">"\nmax_messages = {keep}\n')
         f.write("max_bytes = 1073741824\nmax_age_secs = 3600\n")
-    server = subprocess.Popen(
-        [
-            binary,
-            "serve",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--config",
-            config,
-            "--log",
-            "error",
-        ]
-    )
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    command = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--config", config]
+    with serving(command + ["--log", "error"], port) as server:
         url = f"ws://127.0.0.1:{port}/ws"
         before, after = asyncio.run(
             fill(url, server.pid, topics, keep, size, kind, subscribed)
         )
-        return before, after, topics * (keep - 1)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    return before, after, topics * (keep - 1)
 
 
 def main():
