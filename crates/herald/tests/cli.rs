@@ -547,7 +547,8 @@ fn sigterm_logs_and_exits_zero() {
     assert!(logs.contains("herald stopped"), "{logs}");
 }
 
-/// How many of process `pid`'s threads are tokio's pool workers.
+/// How many of process `pid`'s threads carry the name tokio gives its pool's threads (workers,
+/// and blocking threads if any were started).
 fn worker_threads(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
