@@ -191,6 +191,16 @@ impl Message {
         self.0.encoded[slot].get_or_init(|| encode(self))
     }
 
+    /// Lets the cached encodings go, if nothing else holds the message (they would be freed
+    /// for a holder that still sends them): a later [`Message::encoded`] makes them again.
+    pub fn forget_encodings(&mut self) {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            for slot in &mut inner.encoded {
+                slot.take();
+            }
+        }
+    }
+
     /// What holding this message for a connection counts against its bounds (queue, recovery)
     /// and what history counts it as: payload, topic, epoch, content type and extras plus
     /// [`MESSAGE_OVERHEAD`]. Known before any protocol encodes it, the same for every

@@ -63,7 +63,7 @@ impl<O: Outbox> Engine<O> {
                 let Some(t) = self.topics.get(name.as_str()) else {
                     return true;
                 };
-                if t.seq == 0 && t.last.is_none() {
+                if t.seq == 0 && !t.has_last() {
                     return true;
                 }
                 let oldest = t.history.front().map_or(t.seq + 1, |m| m.seq);
@@ -79,8 +79,7 @@ impl<O: Outbox> Engine<O> {
                     && self
                         .topics
                         .get(s.topic.as_str())
-                        .and_then(|t| t.last.as_ref())
-                        .is_none()));
+                        .is_none_or(|t| !t.has_last())));
         Unanswered { since, snapshot }
     }
 
@@ -101,7 +100,7 @@ impl<O: Outbox> Engine<O> {
         let at = self.publish_count;
         let (state, recency) = self.topics.recording(config, topic_name, Numbering::Origin);
         if state.head.epoch() != epoch {
-            if state.seq != 0 || state.last.is_some() {
+            if state.seq != 0 || state.has_last() {
                 return;
             }
             state.restart(epoch.to_owned(), 0, true);

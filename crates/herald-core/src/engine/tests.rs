@@ -1610,6 +1610,17 @@ impl Queued {
     }
 }
 
+/// A [`Queued`] connection drained with `codec`, subscribed with `sub`.
+fn queued(e: &mut Engine<Queued>, codec: &Rc<Counting>, sub: &str) -> Queued {
+    let q = Queued {
+        queue: Rc::new(RefCell::new(crate::outbox::OutboundQueue::new(1 << 20))),
+        codec: codec.clone(),
+    };
+    let id = e.connect(q.clone());
+    e.handle(id, decode_text(sub).unwrap(), 0).unwrap();
+    q
+}
+
 impl Outbox for Queued {
     fn reply(&self, reply: &Reply) {
         self.queue.borrow_mut().push(self.codec.reply(reply));
@@ -1638,28 +1649,24 @@ impl Outbox for Queued {
 fn a_message_is_encoded_once_however_it_reaches_its_subscribers() {
     let codec = Rc::new(Counting::default());
     let mut e: Engine<Queued> = Engine::new(EngineConfig::default(), 1);
-    let connect = |e: &mut Engine<Queued>, sub: &str| {
-        let q = Queued {
-            queue: Rc::new(RefCell::new(crate::outbox::OutboundQueue::new(1 << 20))),
-            codec: codec.clone(),
-        };
-        let id = e.connect(q.clone());
-        e.handle(id, decode_text(sub).unwrap(), 0).unwrap();
-        q
-    };
     let live: Vec<_> = (0..20)
-        .map(|_| connect(&mut e, r#"{"op":"sub","topic":"t/>"}"#))
+        .map(|_| queued(&mut e, &codec, r#"{"op":"sub","topic":"t/>"}"#))
         .collect();
     live.iter()
         .for_each(|q| assert_eq!(q.drain().len(), 1, "the reply"));
     let cursor = e.cursor();
     e.publish(&text("t/a", "hello"), 0).unwrap();
     e.publish(&text("t/unsent", "never drained"), 0).unwrap();
-    let replayed = connect(
+    let replayed = queued(
         &mut e,
+        &codec,
         &format!(r#"{{"op":"sub","topic":"t/a","cursor":"{cursor}"}}"#),
     );
-    let snapshot = connect(&mut e, r#"{"op":"sub","topic":"t/a","snapshot":true}"#);
+    let snapshot = queued(
+        &mut e,
+        &codec,
+        r#"{"op":"sub","topic":"t/a","snapshot":true}"#,
+    );
     // The first ten drain both messages, `t/a` first; the recovering two their reply and `t/a`.
     let mut heads = Vec::new();
     for q in &live[..10] {
@@ -1684,6 +1691,48 @@ fn a_message_is_encoded_once_however_it_reaches_its_subscribers() {
     let first = &first[0];
     assert_eq!(codec.encoded.get(), 2);
     assert!(heads.iter().all(|h| *h == first.head.as_ptr()));
+}
+
+/// A message the history keeps lets its encodings go once a newer one follows it and no queue
+/// holds it any more, and a recovery then encodes it anew; one that a queue still holds when
+/// the next comes keeps them, so that its subscriber is sent the bytes the others were.
+#[test]
+fn a_kept_message_lets_its_encodings_go_once_every_queue_has_sent_it() {
+    let codec = Rc::new(Counting::default());
+    let mut e: Engine<Queued> = Engine::new(EngineConfig::default(), 1);
+    let prompt = queued(&mut e, &codec, r#"{"op":"sub","topic":"t/>"}"#);
+    let late = queued(&mut e, &codec, r#"{"op":"sub","topic":"t/>"}"#);
+    assert_eq!(prompt.drain().len() + late.drain().len(), 2, "the replies");
+    let cursor = e.cursor();
+    e.publish(&text("t/a", "one"), 0).unwrap();
+    let one = prompt.drain();
+    // `late` still holds "one" when "two" comes: it keeps its bytes.
+    e.publish(&text("t/a", "two"), 0).unwrap();
+    let late_got = late.drain();
+    assert_eq!(late_got[0].head.as_ptr(), one[0].head.as_ptr());
+    let two = prompt.drain();
+    assert_eq!(codec.encoded.get(), 2);
+    // Nothing holds "two" when "three" comes: its bytes go.
+    e.publish(&text("t/a", "three"), 0).unwrap();
+    prompt.drain();
+    late.drain();
+    assert_eq!(codec.encoded.get(), 3);
+    let recovering = queued(
+        &mut e,
+        &codec,
+        &format!(r#"{{"op":"sub","topic":"t/a","cursor":"{cursor}"}}"#),
+    );
+    let got = recovering.drain();
+    let data: Vec<_> = got[1..]
+        .iter()
+        .map(|f| frame_json(f)["data"].clone())
+        .collect();
+    assert_eq!(data, ["one", "two", "three"]);
+    assert_eq!(codec.encoded.get(), 4, "\"two\" encoded again, alone");
+    assert_eq!(got[1].head.as_ptr(), one[0].head.as_ptr());
+    assert_ne!(got[2].head.as_ptr(), two[0].head.as_ptr());
+    assert_eq!(got[2].head, two[0].head, "the same bytes");
+    assert_eq!(e.topic_state("t/a").last_message().unwrap().seq(), 3);
 }
 
 /// What a client makes of one connection's frames, as the SDKs do: a `subscribed` reply's

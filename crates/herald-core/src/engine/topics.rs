@@ -131,6 +131,11 @@ pub(super) struct TopicState {
     rule: Option<u32>,
     pub history: VecDeque<Stored>,
     pub history_bytes: usize,
+    /// The last message while `history` does not hold it: a topic that keeps no history, or
+    /// whose history time emptied. While the history holds messages its newest is the last
+    /// value and this is `None`: a second reference would cost every publish a count on the
+    /// previous message, out of the cache by then, and keep that message shared, so that
+    /// [`TopicState::record`] could not let its encodings go.
     pub last: Option<Last>,
     /// The epoch was adopted from another node's message (see `Engine::publish_remote`): a
     /// local publish must start an epoch of its own rather than reuse the origin's numbers.
@@ -201,8 +206,13 @@ impl TopicState {
         self.policy_rule.map(|i| i as usize)
     }
 
+    /// Whether the topic has a last value.
+    pub fn has_last(&self) -> bool {
+        self.last.is_some() || !self.history.is_empty()
+    }
+
     /// The bytes the topic keeps: its history, or its last value when it keeps no history
-    /// (the last value is the history's newest message otherwise, shared, not copied).
+    /// (the last value is the history's newest message otherwise).
     #[inline]
     pub fn retained(&self) -> usize {
         if !self.history.is_empty() {
@@ -263,6 +273,9 @@ impl TopicState {
 
     /// The last message, made now if it was kept as published.
     pub fn last_message(&self) -> Option<Message> {
+        if let Some(newest) = self.history.back() {
+            return Some(newest.message.clone());
+        }
         match self.last.as_ref()? {
             Last::Message(m) => Some(m.clone()),
             Last::Unmade(m) => Some(
@@ -287,20 +300,33 @@ impl TopicState {
             }
             self.dropped_at = self.dropped_at.max(oldest.at);
             self.history_bytes -= oldest.message.size();
-            self.history.pop_front();
+            let oldest = self.history.pop_front().expect("the front was just read");
+            if self.history.is_empty() {
+                // The newest goes from the history, not from the topic: it stays the last value.
+                self.last = Some(Last::Message(oldest.message));
+            }
         }
         self.note_oldest();
     }
 
     /// Records `stored`, the topic's newest message, whose publish was stamped first (see
     /// [`Recency::stamp`]).
+    ///
+    /// The message it follows lets its encodings go if nothing else holds it (every queue has
+    /// sent it): they are about a third of a small message's memory, and only a recovery needs
+    /// them again, which encodes anew. The next message's frame then reuses the block just
+    /// freed rather than memory the process has yet to touch.
     pub fn record(&mut self, rule: Option<&HistoryRule>, stored: Stored) {
-        self.last = Some(Last::Message(stored.message.clone()));
         self.last_us = self.last_us.max(stored.at_us);
         let Some(rule) = rule.filter(|r| r.keeps_messages()) else {
             self.dropped_at = self.last_at;
+            self.last = Some(Last::Message(stored.message));
             return;
         };
+        self.last = None;
+        if let Some(newest) = self.history.back_mut() {
+            newest.message.forget_encodings();
+        }
         // The oldest go before the newest is added: it then takes the slot just freed, which
         // is in the cache, where adding first would write a slot untouched since it was last
         // used (`max_messages` publishes ago on this topic).
