@@ -16,10 +16,13 @@ use crate::codec::Frame;
 use crate::extras::Extras;
 use crate::request::PayloadKind;
 use bytes::Bytes;
+use std::num::NonZeroU64;
 use std::sync::{Arc, OnceLock};
 
-/// Protocols that may cache a message's encoding (herald's own, and one more). Each slot costs
-/// every message 72 bytes: raise it only for a protocol that caches.
+/// Protocols that may cache a message's encoding (herald's own, and one more). Slot 0, herald's
+/// own protocol's (which most subscribers speak), is held in the message's block (72 bytes);
+/// each other slot costs every message 16 bytes there and, once used, a block of its own:
+/// raise it only for a protocol that caches.
 pub const ENCODING_SLOTS: usize = 2;
 
 /// What a message's size counts besides its payload, topic, epoch and content type: about what
@@ -70,11 +73,12 @@ impl TopicHead {
 
 /// A numbered message, shared (see the module's documentation).
 ///
-/// Memory: one allocation of 256 bytes (a mimalloc size class) holding its numbering's
+/// Memory: one allocation of 192 bytes (a mimalloc size class) holding its numbering's
 /// [`TopicHead`] (shared), seq, receive stamp, payload handle, content type, its [`Extras`]
-/// if it has any (shared) and the [`ENCODING_SLOTS`] cached encodings (72 bytes each, empty
-/// until a protocol sends it); plus the payload's own bytes, and each cached encoding's bytes
-/// once made.
+/// if it has any (shared) and the [`ENCODING_SLOTS`] cached encodings (empty until a protocol
+/// sends it); plus the payload's own bytes, and each cached encoding's bytes once made (in a
+/// block of their own for a slot other than 0). A history keeps many messages, mostly small:
+/// every byte here is a byte of each.
 #[derive(Clone, Debug)]
 pub struct Message(Arc<Inner>);
 
@@ -82,7 +86,9 @@ pub struct Message(Arc<Inner>);
 struct Inner {
     head: Arc<TopicHead>,
     seq: u64,
-    stamp_us: Option<u64>,
+    /// The receive time, if asked for; a clock reading zero (1970) stamps nothing, so that the
+    /// field takes 8 bytes rather than 16.
+    stamp_us: Option<NonZeroU64>,
     payload: Bytes,
     content_type: Option<Box<str>>,
     kind: PayloadKind,
@@ -90,11 +96,16 @@ struct Inner {
     /// `extras` fits the block: a larger message counts as 4 GiB.
     size: u32,
     extras: Option<Arc<Extras>>,
-    encoded: [OnceLock<Frame>; ENCODING_SLOTS],
+    /// Slot 0's encoding.
+    encoded: OnceLock<Frame>,
+    /// The other slots' encodings, boxed: 16 bytes each rather than 72 keeps the block in the
+    /// 192-byte size class.
+    encoded_boxed: [OnceLock<Box<Frame>>; ENCODING_SLOTS - 1],
 }
 
-// What each message held costs; grows only on purpose (see [`Message`]).
-const _: () = assert!(std::mem::size_of::<Inner>() + 16 <= 256);
+// What each message held costs (the block and `Arc`'s two counts); grows only on purpose (see
+// [`Message`]).
+const _: () = assert!(std::mem::size_of::<Inner>() + 16 <= 192);
 
 impl Message {
     /// Message `seq` of `head`'s numbering. `payload` is kept as it is: the caller makes sure
@@ -115,13 +126,14 @@ impl Message {
         Message(Arc::new(Inner {
             head,
             seq,
-            stamp_us,
+            stamp_us: stamp_us.and_then(NonZeroU64::new),
             payload,
             content_type,
             kind,
             size: u32::try_from(size).unwrap_or(u32::MAX),
             extras: None,
-            encoded: Default::default(),
+            encoded: OnceLock::new(),
+            encoded_boxed: Default::default(),
         }))
     }
 
@@ -181,21 +193,25 @@ impl Message {
 
     /// herald's receive time (µs since the UNIX epoch), when the publisher asked for it.
     pub fn stamp_us(&self) -> Option<u64> {
-        self.0.stamp_us
+        self.0.stamp_us.map(NonZeroU64::get)
     }
 
     /// The message as codec slot `slot` encodes it: `encode` runs the first time, and every
     /// later call (on any thread) shares its bytes. Borrowed, so that a codec that sends a
     /// slice of it pays for no clone of the whole.
     pub fn encoded(&self, slot: usize, encode: impl FnOnce(&Message) -> Frame) -> &Frame {
-        self.0.encoded[slot].get_or_init(|| encode(self))
+        match slot.checked_sub(1) {
+            None => self.0.encoded.get_or_init(|| encode(self)),
+            Some(boxed) => self.0.encoded_boxed[boxed].get_or_init(|| Box::new(encode(self))),
+        }
     }
 
     /// Lets the cached encodings go, if nothing else holds the message (they would be freed
     /// for a holder that still sends them): a later [`Message::encoded`] makes them again.
     pub fn forget_encodings(&mut self) {
         if let Some(inner) = Arc::get_mut(&mut self.0) {
-            for slot in &mut inner.encoded {
+            inner.encoded.take();
+            for slot in &mut inner.encoded_boxed {
                 slot.take();
             }
         }

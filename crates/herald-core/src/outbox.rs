@@ -136,7 +136,9 @@ impl OutboundQueue {
     }
 
     /// Queues an entry that is never dropped: a frame, or a `disconnect` or `lossless` message.
-    #[inline]
+    /// Always inline: under the default policy it is every delivery's path, and whether the
+    /// compiler inlines it otherwise changes with unrelated code (a call per delivery when not).
+    #[inline(always)]
     fn push_entry(&mut self, entry: Entry) -> Pushed {
         if self.closed {
             return Pushed::Closed;
@@ -308,6 +310,8 @@ impl OutboundQueue {
         self.bytes == 0 || self.bytes + size <= self.limit
     }
 
+    /// Always inline, as [`OutboundQueue::push_entry`].
+    #[inline(always)]
     fn append(&mut self, entry: Entry) {
         self.bytes += entry.size();
         self.live += 1;
