@@ -82,7 +82,7 @@ class SpringRecoveryTest {
         publishRange(topic, prefix, 1, last);
         List<Frame> got = s.inbox().next(last);
         assertBodies(got, prefix, 1);
-        away.session.disconnect();
+        away.disconnect();
         return got.get(last - 1);
     }
 
@@ -126,7 +126,7 @@ class SpringRecoveryTest {
         publish("java/resume", 9, "m9");
         assertBodies(List.of(back.inbox().next()), "m", 9);
         back.inbox().quiet(); // no message twice
-        back.session().session.disconnect();
+        back.session().disconnect();
     }
 
     @Test
@@ -137,7 +137,7 @@ class SpringRecoveryTest {
                 "/topic/java/epoch history lost, numbering restarted in epoch " + epoch);
         assertBodies(back.replay(), "e", 1);
         back.inbox().quiet();
-        back.session().session.disconnect();
+        back.session().disconnect();
     }
 
     @Test
@@ -148,7 +148,7 @@ class SpringRecoveryTest {
         Resumed back = resume("java/trim/a", position(last), 3, "/topic/java/trim/a 3-5 no longer held");
         assertBodies(back.replay(), "t", 6);
         back.inbox().quiet();
-        back.session().session.disconnect();
+        back.session().disconnect();
     }
 
     @Test
@@ -159,6 +159,6 @@ class SpringRecoveryTest {
         back.inbox().quiet();
         publish("java/never", 1, "n1");
         assertBodies(List.of(back.inbox().next()), "n", 1);
-        back.session().session.disconnect();
+        back.session().disconnect();
     }
 }

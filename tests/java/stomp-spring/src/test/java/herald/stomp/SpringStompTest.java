@@ -100,7 +100,7 @@ class SpringStompTest {
         assertTrue(s.session.isConnected() && s.transportErrors.isEmpty(), s.transportErrors.toString());
         herald.publishHttp("java/beat", "alive".getBytes(StandardCharsets.UTF_8), "text/plain");
         assertEquals("alive", text(sub.inbox().next()));
-        s.session.disconnect();
+        s.disconnect();
     }
 
     @Test
@@ -137,8 +137,8 @@ class SpringStompTest {
             assertNotNull(f.header("message-id"));
         }
         s.inbox().quiet();
-        sub.session.disconnect();
-        pub.session.disconnect();
+        sub.disconnect();
+        pub.disconnect();
     }
 
     @Test
@@ -164,8 +164,8 @@ class SpringStompTest {
             assertEquals(i + 1, Long.parseLong(got.get(i).header("seq")));
         }
         s.inbox().quiet();
-        sub.session.disconnect();
-        pub.session.disconnect();
+        sub.disconnect();
+        pub.disconnect();
     }
 
     private static byte[] concat(byte[] a, int last) {
@@ -186,7 +186,7 @@ class SpringStompTest {
         Stomp.receipt(s.subscription().unsubscribe()); // once it arrives, nothing more comes
         herald.publishHttp("java/receipt", "after".getBytes(StandardCharsets.UTF_8), "text/plain");
         s.inbox().quiet();
-        sub.session.disconnect();
+        sub.disconnect();
     }
 
     @Test
@@ -216,8 +216,8 @@ class SpringStompTest {
         for (Frame f : got) {
             assertTrue(f.header("ack").startsWith(f.header("subscription") + ":"), f.headers().toString());
         }
-        sub.session.disconnect();
-        pub.session.disconnect();
+        sub.disconnect();
+        pub.disconnect();
     }
 
     @Test
@@ -249,7 +249,7 @@ class SpringStompTest {
         assertTrue(error.header("message").startsWith("forbidden"), error.headers().toString());
         assertEquals("too-wide", error.header("receipt-id"));
         sub.lost();
-        pub.session.disconnect();
+        pub.disconnect();
     }
 
     @Test

@@ -70,8 +70,8 @@ class SpringWssTest {
         s.inbox().quiet();
         assertTrue(sub.transportErrors.isEmpty() && pub.transportErrors.isEmpty(),
                 sub.transportErrors + " " + pub.transportErrors);
-        sub.session.disconnect();
-        pub.session.disconnect();
+        sub.disconnect();
+        pub.disconnect();
     }
 
     @Test

@@ -15,6 +15,7 @@ import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import javax.net.ssl.SSLContext;
+import org.springframework.messaging.MessageDeliveryException;
 import org.springframework.messaging.simp.stomp.StompCommand;
 import org.springframework.messaging.simp.stomp.StompFrameHandler;
 import org.springframework.messaging.simp.stomp.StompHeaders;
@@ -203,6 +204,24 @@ final class Stomp implements AutoCloseable {
                     fail("still connected after " + transportErrors);
                 }
                 Thread.sleep(10);
+            }
+        }
+
+        /** Sends DISCONNECT. Spring sends its heart-beats from a scheduler thread on the same
+         * Tomcat endpoint, which refuses a second send while one is being written
+         * ({@code TEXT_PARTIAL_WRITING}): a DISCONNECT that meets a heart-beat is sent again
+         * once that is out. */
+        void disconnect() throws InterruptedException {
+            for (int attempt = 1; ; attempt++) {
+                try {
+                    session.disconnect();
+                    return;
+                } catch (MessageDeliveryException e) {
+                    if (attempt == 3 || !(e.getCause() instanceof IllegalStateException)) {
+                        throw e;
+                    }
+                    Thread.sleep(20);
+                }
             }
         }
 
