@@ -6,7 +6,8 @@
 //! queue, not when it is published: a message that is conflated or dropped before it goes out
 //! is never encoded, and one that goes out is encoded once per protocol that sends it, the
 //! bytes cached in the message (one lock-free slot per protocol, [`Message::encoded`]), so every
-//! subscriber of that protocol is handed the same bytes.
+//! subscriber of that protocol is handed the same bytes. A message a history keeps lets them go
+//! once a newer one of its topic follows and no queue holds it ([`Message::forget_encodings`]).
 //!
 //! The core names no protocol: a slot is a number below [`ENCODING_SLOTS`] that a codec owns.
 //! A codec whose bytes differ per subscriber (a subscription id in every message) takes no slot

@@ -132,7 +132,7 @@ pub(super) struct TopicState {
     pub history: VecDeque<Stored>,
     pub history_bytes: usize,
     /// The last message while `history` does not hold it: a topic that keeps no history, or
-    /// whose history time emptied. While the history holds messages its newest is the last
+    /// whose history emptied with age. While the history holds messages its newest is the last
     /// value and this is `None`: a second reference would cost every publish a count on the
     /// previous message, out of the cache by then, and keep that message shared, so that
     /// [`TopicState::record`] could not let its encodings go.
