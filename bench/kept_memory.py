@@ -6,8 +6,8 @@ For each case, herald starts with every topic keeping its last KEEP messages (an
 age bound that could cut them); one publisher sends a message to each of TOPICS topics, then
 KEEP - 1 more rounds, each round confirmed by an acknowledged publish. RSS is read after the
 first round (topics, connections and buffers made) and after the last. With a subscriber on
-every topic, each kept message has also been delivered, so it holds the frame it was encoded
-in. History's bounds (`max_bytes`, the per-subject retained limit) count a message's wire size
+every topic, each kept message has also been delivered: it was encoded, and holds its frame
+until the next message of its topic is recorded. History's bounds (`max_bytes`, the per-subject retained limit) count a message's wire size
 instead: payload, topic, epoch and 64 bytes (docs/configuration.md, "History rules").
 
     bench/kept_memory.py [--bin HERALD] [--topics N] [--keep K]
