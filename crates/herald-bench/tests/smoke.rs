@@ -421,6 +421,55 @@ fn reference_pairs_script_runs_both() {
     );
 }
 
+/// bench/reference-pairs.sh's `--herald-config` reaches herald: with last values only the
+/// rounds run as before, and a key herald does not know stops herald's run (the reference's
+/// still runs).
+#[test]
+fn reference_pairs_script_adds_a_herald_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let last_values = dir.path().join("last-values.toml");
+    std::fs::write(
+        &last_values,
+        "[[history]]\npattern = \">\"\nmax_messages = 0\n",
+    )
+    .unwrap();
+    let last_values = last_values.to_string_lossy().into_owned();
+    rounds_script(
+        "reference-pairs.sh",
+        &["--herald-config", &last_values],
+        &["herald", "reference"],
+        &["herald / reference: p99.9"],
+    );
+    let Some(bin) = herald_bin() else {
+        return;
+    };
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(&unknown, "no_such_key = 1\n").unwrap();
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out =
+        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/reference-pairs.sh"))
+            .args([
+                "--clients",
+                "20",
+                "--duration",
+                "1",
+                "--warmup",
+                "0.5",
+                "--rounds",
+                "1",
+            ])
+            .arg("--herald-config")
+            .arg(&unknown)
+            .arg("--bin")
+            .arg(&bin)
+            .arg("--out")
+            .arg(dir.path().join("out"))
+            .output()
+            .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("herald failed in round 1"), "{stderr}");
+}
+
 /// bench/workers-pairs.sh at tiny scale: herald with one worker thread, with two on both
 /// cores and with two on one core, each started and stopped by the script.
 #[test]
