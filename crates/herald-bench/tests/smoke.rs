@@ -7,7 +7,7 @@
 //! (`--spawn-bin $HERALD_BIN`), so this also checks the CLI wiring of `herald bench`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -440,32 +440,17 @@ fn reference_pairs_script_adds_a_herald_config() {
         &["herald", "reference"],
         &["herald / reference: p99.9"],
     );
-    let Some(bin) = herald_bin() else {
-        return;
-    };
     let unknown = dir.path().join("unknown.toml");
     std::fs::write(&unknown, "no_such_key = 1\n").unwrap();
-    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out =
-        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/reference-pairs.sh"))
-            .args([
-                "--clients",
-                "20",
-                "--duration",
-                "1",
-                "--warmup",
-                "0.5",
-                "--rounds",
-                "1",
-            ])
-            .arg("--herald-config")
-            .arg(&unknown)
-            .arg("--bin")
-            .arg(&bin)
-            .arg("--out")
-            .arg(dir.path().join("out"))
-            .output()
-            .unwrap();
+    let unknown = unknown.to_string_lossy().into_owned();
+    let out = run_rounds_script(
+        "reference-pairs.sh",
+        &["--herald-config", &unknown],
+        &dir.path().join("unknown"),
+    );
+    let Some(out) = out else {
+        return;
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("herald failed in round 1"), "{stderr}");
 }
@@ -503,23 +488,22 @@ fn build_pairs_script_runs_both() {
 }
 
 /// Runs one of the interleaved-round scripts in bench/ for one round of 20 clients, with `args`
-/// besides, and checks each run's report, that each server's CPU was measured, and the table's
-/// rows and ratios. Skipped without HERALD_BIN or two cores (a server core and a bench core).
-fn rounds_script(script: &str, args: &[&str], names: &[&str], ratios: &[&str]) {
+/// besides, its reports in `out`; `None` (skipped) without HERALD_BIN or two cores (a server
+/// core and a bench core).
+fn run_rounds_script(script: &str, args: &[&str], out: &Path) -> Option<Output> {
     let Some(bin) = herald_bin() else {
         eprintln!("skipped: set HERALD_BIN to a built herald");
-        return;
+        return None;
     };
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         eprintln!("skipped: needs two cores");
-        return;
+        return None;
     }
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../bench")
         .join(script);
-    let out = Command::new(&script)
+    let output = Command::new(&script)
         .args([
             "--clients",
             "20",
@@ -534,9 +518,19 @@ fn rounds_script(script: &str, args: &[&str], names: &[&str], ratios: &[&str]) {
         .arg("--bin")
         .arg(&bin)
         .arg("--out")
-        .arg(dir.path())
+        .arg(out)
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    Some(output)
+}
+
+/// [`run_rounds_script`], then checks that it succeeded, each run's report, that each server's
+/// CPU was measured, and the table's rows and ratios.
+fn rounds_script(script: &str, args: &[&str], names: &[&str], ratios: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(out) = run_rounds_script(script, args, dir.path()) else {
+        return;
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
