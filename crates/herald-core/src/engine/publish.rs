@@ -196,7 +196,7 @@ impl<O: Outbox> Engine<O> {
             state.owner = origin;
             usage_of(&mut self.usage, origin).topics += 1;
         }
-        state.prefetch_oldest();
+        state.prefetch_history();
         state.seq += 1;
         let seq = state.seq;
         self.publish_count += 1;

@@ -155,7 +155,7 @@ pub(super) struct TopicState {
     pub dropped_at: u64,
     /// Where the bytes of the oldest message in `history` start, noted when it became the
     /// oldest (0 when there is none): only ever prefetched, never read (see
-    /// [`TopicState::prefetch_oldest`]).
+    /// [`TopicState::prefetch_history`]).
     pub oldest_bytes: usize,
     /// The subscription index's matches for this topic as it last gave them, while there are
     /// at most [`MATCHES_KEPT`] (see [`TopicState::find_matches`]).
@@ -244,7 +244,7 @@ impl TopicState {
         self.note_oldest();
     }
 
-    /// Notes where the oldest message's bytes are, for [`TopicState::prefetch_oldest`].
+    /// Notes where the oldest message's bytes are, for [`TopicState::prefetch_history`].
     fn note_oldest(&mut self) {
         self.oldest_bytes = self
             .history
@@ -253,22 +253,28 @@ impl TopicState {
     }
 
     /// Starts loading what recording the next message will touch and what was last touched
-    /// `max_messages` publishes of this topic ago, so out of the cache: the oldest entry (read
+    /// publishes of this topic ago, so out of the cache: the newest message (whose count
+    /// [`TopicState::record`] checks, and whose encodings it lets go), the oldest entry (read
     /// to evict it), the one after it (the next oldest, whose bytes are noted), the oldest
     /// message (whose count releasing it writes to) and the first line of its payload, which
     /// freeing it writes to. (The payload's reference count, in a block of `Bytes`' own, cannot
     /// be reached from here.) Each is a cache miss otherwise, one waiting for the other; issued
     /// when the topic is found, they overlap with the rest of the publish.
     #[inline]
-    pub fn prefetch_oldest(&self) {
-        if let Some(oldest) = self.history.front() {
-            prefetch(oldest, size_of::<Stored>());
-            oldest.message.prefetch();
-            prefetch(self.oldest_bytes as *const u8, 1);
-        }
+    pub fn prefetch_history(&self) {
+        let (Some(oldest), Some(newest)) = (self.history.front(), self.history.back()) else {
+            return;
+        };
+        // The entries first, from their addresses alone: the messages' addresses are in them,
+        // and asked for together their misses overlap rather than follow each other.
+        prefetch(oldest, size_of::<Stored>());
+        prefetch(newest, size_of::<Stored>());
         if let Some(next) = self.history.get(1) {
             prefetch(next, size_of::<Stored>());
         }
+        prefetch(self.oldest_bytes as *const u8, 1);
+        newest.message.prefetch();
+        oldest.message.prefetch();
     }
 
     /// The last message, made now if it was kept as published.
