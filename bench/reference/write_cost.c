@@ -1,6 +1,7 @@
-// What a small loopback write costs the writing core, by send(2) one socket at a time or by
-// io_uring, a batch of sends per io_uring_enter(2): the question behind issue 4's target 2,
-// where herald's core at 2,000 subscribers is 84% inside sendmsg.
+// What a small loopback write costs the writing core, by send(2) one socket at a time (or
+// sendmsg(2), the message as one slice) or by io_uring, a batch of sends per io_uring_enter(2):
+// the question behind issue 4's target 2, where herald's core at 2,000 subscribers is 84%
+// inside sendmsg.
 //
 // N connected TCP pairs on 127.0.0.1 (TCP_NODELAY, as herald sets). A writer thread pinned to
 // core 0 writes one SIZE-byte message to every connection per round, RATE writes a second in
@@ -95,8 +96,8 @@ static void pair(int listener, struct sockaddr_in *addr, int *w, int *r) {
     *r = c;
 }
 
-enum mode { SEND, SPACED, URING_FIXED, URING_FD, MODES };
-static const char *mode_names[MODES] = {"write", "spaced", "uring", "uring-fd"};
+enum mode { SEND, SENDMSG, SPACED, URING_FIXED, URING_FD, MODES };
+static const char *mode_names[MODES] = {"write", "sendmsg", "spaced", "uring", "uring-fd"};
 
 // Adds core 0's ticks since the last call (*b0, *t0) to `mode` (none while warming up: -1).
 static void settle(int mode, long long *busy, long long *total, long long *b0, long long *t0) {
@@ -112,7 +113,8 @@ static void settle(int mode, long long *busy, long long *total, long long *b0, l
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE] [GAP]\n"
-                        "  MODE: write (send(2) a socket at a time), spaced (the same, GAP us apart: the\n"
+                        "  MODE: write (send(2) a socket at a time), sendmsg (the same by sendmsg(2), the\n"
+                        "  message as one slice), spaced (send(2), GAP us apart: the\n"
                         "  reader sleeps between them), uring (io_uring sends, registered files), uring-fd\n"
                         "  (io_uring sends on the plain descriptors); several modes take turns a second\n"
                         "  each, so a drifting host weighs on all alike\n", argv[0]);
@@ -133,7 +135,7 @@ int main(int argc, char **argv) {
     if (n_conns < 1 || rate <= 0 || seconds < 1 || n_modes == 0 || batch < 1 || batch > 4096 || size < 1 ||
         gap_s < 0) {
         fprintf(stderr, "N, RATE, SIZE and BATCH (at most 4096) must be positive, SECONDS at least 1, "
-                        "GAP not negative, and MODE one of write, spaced, uring, uring-fd\n");
+                        "GAP not negative, and MODE one of write, sendmsg, spaced, uring, uring-fd\n");
         return 2;
     }
     writers = calloc(n_conns, sizeof *writers);
@@ -173,8 +175,14 @@ int main(int argc, char **argv) {
         int mode = slot < 0 ? modes[0] : MEASURED(slot);
         for (int i = 0; i < n_conns; i += batch) {
             int k = i + batch > n_conns ? n_conns - i : batch;
-            if (mode == SEND || mode == SPACED) {
+            if (mode == SEND || mode == SENDMSG || mode == SPACED) {
                 for (int j = i; j < i + k; j++) {
+                    if (mode == SENDMSG) {
+                        struct iovec slice = {msg, size};
+                        struct msghdr m = {.msg_iov = &slice, .msg_iovlen = 1};
+                        short_writes += sendmsg(writers[j], &m, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
+                        continue;
+                    }
                     short_writes += send(writers[j], msg, size, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
                     if (mode == SPACED) {
                         double from = now_s(), until = from + gap_s, at;
