@@ -90,7 +90,8 @@ pub struct BenchArgs {
     #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
 
-    /// Do not pin the spawned server and the bench to separate cores.
+    /// Do not pin the spawned server and the bench to separate cores, nor the threads of the
+    /// loopback probe (`machine.loopback_write_us`) to cores 0 and 1.
     #[arg(long)]
     pub no_pin: bool,
 
@@ -272,7 +273,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     // Before the server starts, so that its core is idle: the writer stands where herald will.
-    let pin = spawn && spawn::pins(!args.no_pin);
+    // Pinned apart against a server the bench did not start too (by convention on core 0), so
+    // that every report's figure is the same measure: with both ends on the bench's core a
+    // write costs a fraction of one across cores.
+    let pin = spawn::pins(!args.no_pin);
     let loopback_write_us =
         tokio::task::spawn_blocking(move || loopback::write_cost_us(pin)).await?;
     let server = if spawn {
