@@ -107,21 +107,19 @@ def solace_clients():
 
 
 def solace_rate():
-    """1,000 clients with the publish rate raised: herald b060e79 and the C reference
-    alternating (2026-11-24/25); "base" runs are that same build beside a variant, and the
-    variant's own runs ("md3", a shorter hold) are left out."""
-    her, ref = [], []
-    for r in load("solace-3.1.2-reference-session9.json"):
-        kind = r["_run"].split("-")[1]
-        for s in r["steps"]:
-            pt = (s["egress_expected"] / 1000, s["latency_us"]["p999"] / 1000)
-            if kind in ("herald", "base"):
-                her.append(pt)
-            elif kind == "ref":
-                ref.append(pt)
-    svg("1,000 clients, publish rate raised: p99.9 of each run (2026-11-24/25)",
-        "egress asked (thousand deliveries/s)", "p99.9 (ms, log scale)",
-        [("herald b060e79", her, "points"), ("C reference", ref, "points")],
+    """1,000 clients with the publish rate raised: every round of bench/reference-pairs.sh
+    --set rate=R, herald ae4ca23 and the C reference interleaved (2026-11-29)."""
+    series = {}
+    for st in load("solace-3.1.2-rate-ae4ca23.json")["sets"]:
+        for r in st["runs"]:
+            s = r["step"]
+            for q, name in (("p999", "p99.9"), ("p50", "p50")):
+                point = (s["egress_expected"] / 1000, s["latency_us"][q] / 1000)
+                series.setdefault(f'{r["server"]} {name}', []).append(point)
+    order = ["herald p99.9", "herald p50", "reference p99.9", "reference p50"]
+    svg("1,000 clients, publish rate raised: latency of each round (herald ae4ca23, 2026-11-29)",
+        "egress asked (thousand deliveries/s)", "latency (ms, log scale)",
+        [(name.replace("reference", "C reference"), series[name], "points") for name in order],
         True, "solace-3.1.2-rate.svg")
 
 
