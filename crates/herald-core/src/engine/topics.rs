@@ -252,8 +252,8 @@ impl TopicState {
             .map_or(0, |s| s.message.payload().as_ptr().addr());
     }
 
-    /// Starts loading what recording the next message will touch and what was last touched
-    /// publishes of this topic ago, so out of the cache: the newest message (whose count
+    /// Starts loading what recording the next message will touch, all of it last touched by
+    /// earlier publishes of this topic and so out of the cache: the newest message (whose count
     /// [`TopicState::record`] checks, and whose encodings it lets go), the oldest entry (read
     /// to evict it), the one after it (the next oldest, whose bytes are noted), the oldest
     /// message (whose count releasing it writes to) and the first line of its payload, which
