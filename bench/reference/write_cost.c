@@ -1,5 +1,6 @@
 // What a small loopback write costs the writing core, by send(2) one socket at a time (or
-// sendmsg(2), the message as one slice) or by io_uring, a batch of sends per io_uring_enter(2):
+// sendmsg(2), the message as one slice or two, or two slices gathered into one buffer and sent
+// by send(2)) or by io_uring, a batch of sends per io_uring_enter(2):
 // the question behind issue 4's target 2, where herald's core at 2,000 subscribers is 84%
 // inside sendmsg.
 //
@@ -96,8 +97,8 @@ static void pair(int listener, struct sockaddr_in *addr, int *w, int *r) {
     *r = c;
 }
 
-enum mode { SEND, SENDMSG, SPACED, URING_FIXED, URING_FD, MODES };
-static const char *mode_names[MODES] = {"write", "sendmsg", "spaced", "uring", "uring-fd"};
+enum mode { SEND, SENDMSG, SENDMSG2, GATHER2, SPACED, URING_FIXED, URING_FD, MODES };
+static const char *mode_names[MODES] = {"write", "sendmsg", "sendmsg2", "gather2", "spaced", "uring", "uring-fd"};
 
 // Adds core 0's ticks since the last call (*b0, *t0) to `mode` (none while warming up: -1).
 static void settle(int mode, long long *busy, long long *total, long long *b0, long long *t0) {
@@ -114,7 +115,8 @@ int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s N RATE SECONDS MODE[,MODE...] [BATCH] [SIZE] [GAP]\n"
                         "  MODE: write (send(2) a socket at a time), sendmsg (the same by sendmsg(2), the\n"
-                        "  message as one slice), spaced (send(2), GAP us apart: the\n"
+                        "  message as one slice), sendmsg2 (by sendmsg(2) as two slices), gather2 (the two\n"
+                        "  slices copied into one buffer, then send(2)), spaced (send(2), GAP us apart: the\n"
                         "  reader sleeps between them), uring (io_uring sends, registered files), uring-fd\n"
                         "  (io_uring sends on the plain descriptors); several modes take turns a second\n"
                         "  each, so a drifting host weighs on all alike\n", argv[0]);
@@ -133,9 +135,9 @@ int main(int argc, char **argv) {
     int size = argc > 6 ? atoi(argv[6]) : 96;
     double gap_s = (argc > 7 ? atof(argv[7]) : 30) / 1e6;
     if (n_conns < 1 || rate <= 0 || seconds < 1 || n_modes == 0 || batch < 1 || batch > 4096 || size < 1 ||
-        gap_s < 0) {
-        fprintf(stderr, "N, RATE, SIZE and BATCH (at most 4096) must be positive, SECONDS at least 1, "
-                        "GAP not negative, and MODE one of write, sendmsg, spaced, uring, uring-fd\n");
+        size > 8192 || gap_s < 0) {
+        fprintf(stderr, "N, RATE, SIZE (at most 8192) and BATCH (at most 4096) must be positive, SECONDS at least 1, "
+                        "GAP not negative, and MODE one of write, sendmsg, sendmsg2, gather2, spaced, uring, uring-fd\n");
         return 2;
     }
     writers = calloc(n_conns, sizeof *writers);
@@ -175,8 +177,21 @@ int main(int argc, char **argv) {
         int mode = slot < 0 ? modes[0] : MEASURED(slot);
         for (int i = 0; i < n_conns; i += batch) {
             int k = i + batch > n_conns ? n_conns - i : batch;
-            if (mode == SEND || mode == SENDMSG || mode == SPACED) {
+            if (mode == SEND || mode == SENDMSG || mode == SENDMSG2 || mode == GATHER2 || mode == SPACED) {
                 for (int j = i; j < i + k; j++) {
+                    if (mode == SENDMSG2) {
+                        struct iovec two[2] = {{msg, size / 2}, {msg + size / 2, size - size / 2}};
+                        struct msghdr m = {.msg_iov = two, .msg_iovlen = 2};
+                        short_writes += sendmsg(writers[j], &m, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
+                        continue;
+                    }
+                    if (mode == GATHER2) {
+                        char g[8192]; // SIZE is at most 8,192 (checked above)
+                        memcpy(g, msg, size / 2);
+                        memcpy(g + size / 2, msg + size / 2, size - size / 2);
+                        short_writes += send(writers[j], g, size, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
+                        continue;
+                    }
                     if (mode == SENDMSG) {
                         struct iovec slice = {msg, size};
                         struct msghdr m = {.msg_iov = &slice, .msg_iovlen = 1};

@@ -825,6 +825,43 @@ mod tests {
         assert_eq!(got, expected);
     }
 
+    /// A direct write of several slices goes out gathered into one send while they come to at
+    /// most `GATHERED` bytes, and by `sendmsg` beyond: either way the peer receives every byte,
+    /// in order, and the write counts them all. One frame of one slice, too.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_direct_write_arrives_whole_gathered_or_not() {
+        use crate::socket::GATHERED;
+        // (frames, longest body, whether the bytes fit GATHERED)
+        for (n, longest_body, gathered) in [
+            (1, 0, true),
+            (2, 40, true),
+            (150, 80, true),
+            (200, 200, false),
+        ] {
+            let (socket, mut peer) = direct_socket();
+            let (frames, expected) = numbered_frames(n, longest_body);
+            assert_eq!(
+                expected.len() <= GATHERED,
+                gathered,
+                "{n} frames: {} bytes",
+                expected.len()
+            );
+            let mut queued = frames.clone();
+            let (bytes, result) = write_without_waiting(&socket, &mut queued);
+            result.unwrap();
+            assert!(queued.is_empty(), "{n} frames: {} left", queued.len());
+            assert_eq!(
+                bytes,
+                expected.len(),
+                "{n} frames: the bytes written, as counted"
+            );
+            let mut got = vec![0; expected.len()];
+            std::io::Read::read_exact(&mut peer, &mut got).unwrap();
+            assert_eq!(got, expected, "{n} frames");
+        }
+    }
+
     /// The TCP segments `socket` has sent with data.
     #[cfg(target_os = "linux")]
     fn data_segments_out(socket: &DirectSocket) -> u32 {
