@@ -233,16 +233,76 @@ impl DirectSocket {
     /// for a feature herald never uses (no thread of it is ever cancelled).
     #[cfg(target_os = "linux")]
     pub fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
-        let fd = libc::c_long::from(self.fd);
-        let flags = libc::c_long::from(libc::MSG_NOSIGNAL);
         let sent = match slices {
-            [slice] => send_to(fd, slice, flags),
-            _ => send_several(fd, slices, flags),
+            [slice] => self.send_to(slice),
+            _ => self.send_several(slices),
         };
         match usize::try_from(sent) {
             Ok(sent) => Ok(sent),
             Err(_) => Err(io::Error::last_os_error()),
         }
+    }
+
+    /// One `sendto` of `bytes` (see [`DirectSocket::send`]).
+    #[cfg(target_os = "linux")]
+    fn send_to(&self, bytes: &[u8]) -> libc::c_long {
+        // SAFETY: `fd` belongs to `half`, which lives as long as `self`; the bytes outlive the
+        // call, and the kernel only reads them. No address: the socket is connected.
+        unsafe {
+            libc::syscall(
+                libc::SYS_sendto,
+                libc::c_long::from(self.fd),
+                bytes.as_ptr(),
+                bytes.len(),
+                libc::c_long::from(libc::MSG_NOSIGNAL),
+                std::ptr::null::<libc::sockaddr>(),
+                0 as libc::socklen_t,
+            )
+        }
+    }
+
+    /// `slices` (not one): copied one after the other into a buffer and sent by one
+    /// [`DirectSocket::send_to`] if they come to at most [`GATHERED`] bytes, by `sendmsg` if
+    /// more (see [`DirectSocket::send`]). Never inlined: its buffer would make every direct
+    /// write's stack frame probe two pages, and its code lengthen the one-slice path around it.
+    #[cfg(target_os = "linux")]
+    #[inline(never)]
+    fn send_several(&self, slices: &[IoSlice<'_>]) -> libc::c_long {
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        if total > GATHERED {
+            // SAFETY: `msghdr` is plain data, and all zeroes is a valid (empty) one.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            // `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix.
+            msg.msg_iov = slices.as_ptr().cast_mut().cast();
+            msg.msg_iovlen = slices.len() as _;
+            // SAFETY: `fd` belongs to `half`, which lives as long as `self`; `msg` and the
+            // slices it points at outlive the call, and the kernel only reads them.
+            return unsafe {
+                libc::syscall(
+                    libc::SYS_sendmsg,
+                    libc::c_long::from(self.fd),
+                    &msg as *const libc::msghdr,
+                    libc::c_long::from(libc::MSG_NOSIGNAL),
+                )
+            };
+        }
+        // Left uninitialised: only the `total` bytes copied in are read.
+        let mut gathered = [MaybeUninit::<u8>::uninit(); GATHERED];
+        let mut at = 0;
+        for slice in slices {
+            // SAFETY: the slices' lengths sum to `total`, at most `GATHERED`, so each copy
+            // stays inside `gathered`; a slice never overlaps a local array.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    slice.as_ptr(),
+                    gathered.as_mut_ptr().cast::<u8>().add(at),
+                    slice.len(),
+                );
+            }
+            at += slice.len();
+        }
+        // SAFETY: the first `total` bytes were written just above.
+        self.send_to(unsafe { std::slice::from_raw_parts(gathered.as_ptr().cast::<u8>(), total) })
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -251,62 +311,6 @@ impl DirectSocket {
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
         socket2::SockRef::from(&fd).send_vectored_with_flags(slices, libc::MSG_NOSIGNAL)
     }
-}
-
-/// One `sendto` of `bytes` on connected socket `fd` (see [`DirectSocket::send`]).
-#[cfg(target_os = "linux")]
-fn send_to(fd: libc::c_long, bytes: &[u8], flags: libc::c_long) -> libc::c_long {
-    // SAFETY: the caller's `fd` is open for the call; the bytes outlive it, and the kernel only
-    // reads them. No address: the socket is connected.
-    unsafe {
-        libc::syscall(
-            libc::SYS_sendto,
-            fd,
-            bytes.as_ptr(),
-            bytes.len(),
-            flags,
-            std::ptr::null::<libc::sockaddr>(),
-            0 as libc::socklen_t,
-        )
-    }
-}
-
-/// `slices` (not one) on connected socket `fd`: copied one after the other into a buffer and
-/// sent by one [`send_to`] if they come to at most [`GATHERED`] bytes, by `sendmsg` if more
-/// (see [`DirectSocket::send`]). Never inlined: its buffer would make every direct write's
-/// stack frame probe two pages, and its code lengthen the one-slice path around it.
-#[cfg(target_os = "linux")]
-#[inline(never)]
-fn send_several(fd: libc::c_long, slices: &[IoSlice<'_>], flags: libc::c_long) -> libc::c_long {
-    let total: usize = slices.iter().map(|s| s.len()).sum();
-    if total > GATHERED {
-        // SAFETY: `msghdr` is plain data, and all zeroes is a valid (empty) one.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        // `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix.
-        msg.msg_iov = slices.as_ptr().cast_mut().cast();
-        msg.msg_iovlen = slices.len() as _;
-        // SAFETY: the caller's `fd` is open for the call; `msg` and the slices it points at
-        // outlive it, and the kernel only reads them.
-        return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &msg as *const libc::msghdr, flags) };
-    }
-    // Left uninitialised: only the `total` bytes copied in are read.
-    let mut gathered = [MaybeUninit::<u8>::uninit(); GATHERED];
-    let mut at = 0;
-    for slice in slices {
-        // SAFETY: the slices' lengths sum to `total`, at most `GATHERED`, so each copy stays
-        // inside `gathered`; a slice never overlaps a local array.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                slice.as_ptr(),
-                gathered.as_mut_ptr().cast::<u8>().add(at),
-                slice.len(),
-            );
-        }
-        at += slice.len();
-    }
-    // SAFETY: the first `total` bytes were written just above.
-    let bytes = unsafe { std::slice::from_raw_parts(gathered.as_ptr().cast::<u8>(), total) };
-    send_to(fd, bytes, flags)
 }
 
 /// Writes to a TCP socket through a shared reference, so the writer task can use the socket
