@@ -1,8 +1,8 @@
 // What a small loopback write costs the writing core, by send(2) one socket at a time (or
 // sendmsg(2), the message as one slice or two, or two slices gathered into one buffer and sent
-// by send(2)) or by io_uring, a batch of sends per io_uring_enter(2):
-// the question behind issue 4's target 2, where herald's core at 2,000 subscribers is 84%
-// inside sendmsg.
+// by send(2)) or by io_uring, a batch of sends per io_uring_enter(2). At a wide fan-out most
+// of a server's core is these writes (the receiver's TCP work is charged to the writer on
+// loopback), so which call makes them is a question of the whole server's cost.
 //
 // N connected TCP pairs on 127.0.0.1 (TCP_NODELAY, as herald sets). A writer thread pinned to
 // core 0 writes one SIZE-byte message to every connection per round, RATE writes a second in
@@ -100,6 +100,30 @@ static void pair(int listener, struct sockaddr_in *addr, int *w, int *r) {
 enum mode { SEND, SENDMSG, SENDMSG2, GATHER2, SPACED, URING_FIXED, URING_FD, MODES };
 static const char *mode_names[MODES] = {"write", "sendmsg", "sendmsg2", "gather2", "spaced", "uring", "uring-fd"};
 
+// Sends `size` bytes of `msg` on `fd` without waiting, the way `mode` (one of the system-call
+// modes) says: send(2); sendmsg(2) with the message as one slice or as two halves; or the two
+// halves copied into one buffer, then send(2). SIZE is at most 8,192 (checked in main).
+static ssize_t send_one(int mode, int fd, const char *msg, int size) {
+    const int flags = MSG_DONTWAIT | MSG_NOSIGNAL;
+    struct iovec halves[2] = {{(char *)msg, size / 2}, {(char *)msg + size / 2, size - size / 2}};
+    struct msghdr m = {.msg_iov = halves, .msg_iovlen = 2};
+    char gathered[8192];
+    switch (mode) {
+    case SENDMSG:
+        halves[0].iov_len = size;
+        m.msg_iovlen = 1;
+        return sendmsg(fd, &m, flags);
+    case SENDMSG2:
+        return sendmsg(fd, &m, flags);
+    case GATHER2:
+        memcpy(gathered, halves[0].iov_base, halves[0].iov_len);
+        memcpy(gathered + halves[0].iov_len, halves[1].iov_base, halves[1].iov_len);
+        return send(fd, gathered, size, flags);
+    default: // SEND, SPACED
+        return send(fd, msg, size, flags);
+    }
+}
+
 // Adds core 0's ticks since the last call (*b0, *t0) to `mode` (none while warming up: -1).
 static void settle(int mode, long long *busy, long long *total, long long *b0, long long *t0) {
     long long b, t;
@@ -179,26 +203,7 @@ int main(int argc, char **argv) {
             int k = i + batch > n_conns ? n_conns - i : batch;
             if (mode == SEND || mode == SENDMSG || mode == SENDMSG2 || mode == GATHER2 || mode == SPACED) {
                 for (int j = i; j < i + k; j++) {
-                    if (mode == SENDMSG2) {
-                        struct iovec two[2] = {{msg, size / 2}, {msg + size / 2, size - size / 2}};
-                        struct msghdr m = {.msg_iov = two, .msg_iovlen = 2};
-                        short_writes += sendmsg(writers[j], &m, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
-                        continue;
-                    }
-                    if (mode == GATHER2) {
-                        char g[8192]; // SIZE is at most 8,192 (checked above)
-                        memcpy(g, msg, size / 2);
-                        memcpy(g + size / 2, msg + size / 2, size - size / 2);
-                        short_writes += send(writers[j], g, size, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
-                        continue;
-                    }
-                    if (mode == SENDMSG) {
-                        struct iovec slice = {msg, size};
-                        struct msghdr m = {.msg_iov = &slice, .msg_iovlen = 1};
-                        short_writes += sendmsg(writers[j], &m, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
-                        continue;
-                    }
-                    short_writes += send(writers[j], msg, size, MSG_DONTWAIT | MSG_NOSIGNAL) != size;
+                    short_writes += send_one(mode, writers[j], msg, size) != size;
                     if (mode == SPACED) {
                         double from = now_s(), until = from + gap_s, at;
                         while ((at = now_s()) < until) {}
