@@ -90,37 +90,37 @@ def svg(title, xlabel, ylabel, series, log_y, path, x_ticks=None):
     print("wrote", os.path.join("bench", "results", path))
 
 
+def rounds_beside_reference(runs, x, title, xlabel, path):
+    """Plots each round's p50 and p99.9 of herald and the C reference (runs of
+    bench/reference-pairs.sh, as its reports hold them) against `x` of the round's step."""
+    series = {}
+    for r in runs:
+        s = r["step"]
+        for q, name in (("p999", "p99.9"), ("p50", "p50")):
+            series.setdefault(f'{r["server"]} {name}', []).append((x(s), s["latency_us"][q] / 1000))
+    order = ["herald p99.9", "herald p50", "reference p99.9", "reference p50"]
+    svg(title, xlabel, "latency (ms, log scale)",
+        [(name.replace("reference", "C reference"), series[name], "points") for name in order],
+        True, path)
+
+
 def solace_clients():
     """Solace 3.1.2 at 1,000-9,000 clients: every round of bench/reference-pairs.sh, herald
     16c568e and the C reference interleaved (2026-11-29)."""
-    series = {}
-    for r in load("solace-3.1.2-clients-16c568e.json")["runs"]:
-        s = r["step"]
-        for q, name in (("p999", "p99.9"), ("p50", "p50")):
-            point = (s["clients"], s["latency_us"][q] / 1000)
-            series.setdefault(f'{r["server"]} {name}', []).append(point)
-    order = ["herald p99.9", "herald p50", "reference p99.9", "reference p50"]
-    svg("Solace 3.1.2 (seed 003): latency by clients, each round (herald 16c568e, 2026-11-29)",
-        "clients (100 deliveries/s each)", "latency (ms, log scale)",
-        [(name.replace("reference", "C reference"), series[name], "points") for name in order],
-        True, "solace-3.1.2-clients.svg")
+    rounds_beside_reference(
+        load("solace-3.1.2-clients-16c568e.json")["runs"], lambda s: s["clients"],
+        "Solace 3.1.2 (seed 003): latency by clients, each round (herald 16c568e, 2026-11-29)",
+        "clients (100 deliveries/s each)", "solace-3.1.2-clients.svg")
 
 
 def solace_rate():
     """1,000 clients with the publish rate raised: every round of bench/reference-pairs.sh
     --set rate=R, herald ae4ca23 and the C reference interleaved (2026-11-29)."""
-    series = {}
-    for st in load("solace-3.1.2-rate-ae4ca23.json")["sets"]:
-        for r in st["runs"]:
-            s = r["step"]
-            for q, name in (("p999", "p99.9"), ("p50", "p50")):
-                point = (s["egress_expected"] / 1000, s["latency_us"][q] / 1000)
-                series.setdefault(f'{r["server"]} {name}', []).append(point)
-    order = ["herald p99.9", "herald p50", "reference p99.9", "reference p50"]
-    svg("1,000 clients, publish rate raised: latency of each round (herald ae4ca23, 2026-11-29)",
-        "egress asked (thousand deliveries/s)", "latency (ms, log scale)",
-        [(name.replace("reference", "C reference"), series[name], "points") for name in order],
-        True, "solace-3.1.2-rate.svg")
+    rounds_beside_reference(
+        [r for st in load("solace-3.1.2-rate-ae4ca23.json")["sets"] for r in st["runs"]],
+        lambda s: s["egress_expected"] / 1000,
+        "1,000 clients, publish rate raised: latency of each round (herald ae4ca23, 2026-11-29)",
+        "egress asked (thousand deliveries/s)", "solace-3.1.2-rate.svg")
 
 
 def filtering():
