@@ -24,8 +24,9 @@ pub struct Server {
     pub pinned: bool,
 }
 
-/// Whether a spawned server and the bench are pinned apart when `asked`: only with two cores
-/// or more (the server on core 0, the bench on core 1).
+/// Whether a spawned server and the bench, and the loopback probe's two ends, are pinned apart
+/// when `asked`: only with two cores or more (the server's side on core 0, the bench's on
+/// core 1).
 pub fn pins(asked: bool) -> bool {
     asked && sys::machine_cores() >= 2
 }
