@@ -421,6 +421,76 @@ fn reference_pairs_script_runs_both() {
     );
 }
 
+/// bench/pooled.py pools the rounds of several sets: each round's ratio, their median, and
+/// how many are at or below 1.0, from round directories or from a results file's matching sets.
+#[test]
+fn pooled_ratio_of_rounds_from_several_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = |cpu: f64| serde_json::json!({"steps": [{"server_cpu_us_per_delivery": cpu}]});
+    // Two sets: ratios 0.9 and 1.2 in the first, 1.0 in the second; round 2 of the second
+    // has no reference run and counts for nothing.
+    let sets = [
+        ("a", vec![(1, 9.0, Some(10.0)), (2, 6.0, Some(5.0))]),
+        ("b", vec![(1, 7.0, Some(7.0)), (2, 1.0, None)]),
+    ];
+    let mut results = Vec::new();
+    for (name, rounds) in &sets {
+        let set = dir.path().join(name);
+        std::fs::create_dir(&set).unwrap();
+        let mut runs = Vec::new();
+        for (round, herald, reference) in rounds {
+            let mut servers = vec![("herald", *herald)];
+            servers.extend(reference.map(|r| ("reference", r)));
+            for (server, cpu) in servers {
+                let path = set.join(format!("r{round}-{server}.json"));
+                std::fs::write(path, report(cpu).to_string()).unwrap();
+                runs.push(serde_json::json!({
+                    "server": server, "round": round, "step": report(cpu)["steps"][0],
+                }));
+            }
+        }
+        results.push(serde_json::json!({"command": format!("set {name}"), "runs": runs}));
+    }
+    let results_file = dir.path().join("results.json");
+    std::fs::write(
+        &results_file,
+        serde_json::json!({ "sets": results }).to_string(),
+    )
+    .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/pooled.py");
+    let pooled = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("python3")
+            .arg(&script)
+            .args(args)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let both = pooled(&[
+        dir.path().join("a").as_os_str(),
+        dir.path().join("b").as_os_str(),
+    ]);
+    assert!(
+        both.contains("median 1.000 over 3 rounds") && both.contains("2 of 3 at or below 1.0"),
+        "{both}"
+    );
+    let first = pooled(&[
+        "--results".as_ref(),
+        results_file.as_os_str(),
+        "--match".as_ref(),
+        "set a$".as_ref(),
+    ]);
+    assert!(
+        first.contains("median 1.050 over 2 rounds") && first.contains("1 of 2 at or below 1.0"),
+        "{first}"
+    );
+}
+
 /// bench/reference-pairs.sh's `--herald-config` reaches herald: with last values only the
 /// rounds run as before, and a key herald does not know stops herald's run (the reference's
 /// still runs).
