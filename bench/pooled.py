@@ -53,6 +53,13 @@ def rounds_of_results(path, match):
     return rounds
 
 
+def field(step, path):
+    """`step`'s field at the dotted `path`, or None."""
+    for key in path.split("."):
+        step = step.get(key) if isinstance(step, dict) else None
+    return step
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dirs", nargs="*", help="round directories")
@@ -61,7 +68,8 @@ def main():
     ap.add_argument("--first", default="herald")
     ap.add_argument("--second", default="reference")
     ap.add_argument("--metric", default="server_cpu_us_per_delivery",
-                    help="a field of a report's step (default: server_cpu_us_per_delivery)")
+                    help="a field of a report's step, dotted for one inside another "
+                         "(default: server_cpu_us_per_delivery; e.g. latency_us.p999)")
     ap.add_argument("--resamples", type=int, default=10000)
     a = ap.parse_args()
     if bool(a.dirs) == bool(a.results):
@@ -71,7 +79,7 @@ def main():
     for key in sorted(rounds, key=str):
         pair = rounds[key]
         if a.first in pair and a.second in pair:
-            x, y = pair[a.first].get(a.metric), pair[a.second].get(a.metric)
+            x, y = field(pair[a.first], a.metric), field(pair[a.second], a.metric)
             if x is not None and y:
                 ratios.append(x / y)
     if not ratios:

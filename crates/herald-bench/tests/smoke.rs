@@ -426,7 +426,13 @@ fn reference_pairs_script_runs_both() {
 #[test]
 fn pooled_ratio_of_rounds_from_several_sets() {
     let dir = tempfile::tempdir().unwrap();
-    let report = |cpu: f64| serde_json::json!({"steps": [{"server_cpu_us_per_delivery": cpu}]});
+    // The p99.9 is twice the CPU figure, so its ratios are the same.
+    let report = |cpu: f64| {
+        serde_json::json!({"steps": [{
+            "server_cpu_us_per_delivery": cpu,
+            "latency_us": {"p999": 2.0 * cpu},
+        }]})
+    };
     // Two sets: ratios 0.9 and 1.2 in the first, 1.0 in the second; round 2 of the second
     // has no reference run and counts for nothing.
     let sets = [
@@ -488,6 +494,15 @@ fn pooled_ratio_of_rounds_from_several_sets() {
     assert!(
         first.contains("median 1.050 over 2 rounds") && first.contains("1 of 2 at or below 1.0"),
         "{first}"
+    );
+    let tail = pooled(&[
+        dir.path().join("a").as_os_str(),
+        "--metric".as_ref(),
+        "latency_us.p999".as_ref(),
+    ]);
+    assert!(
+        tail.contains("latency_us.p999: median 1.050 over 2 rounds"),
+        "{tail}"
     );
 }
 
