@@ -27,6 +27,15 @@ import re
 import statistics
 
 
+def load(path):
+    """The JSON in `path`, or a clear error naming it."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: {e}")
+
+
 def rounds_of_dirs(dirs):
     """{(set, round): {server: step}} from round directories."""
     rounds = {}
@@ -35,7 +44,7 @@ def rounds_of_dirs(dirs):
             m = re.fullmatch(r"r(\d+)-(.+)\.json", os.path.basename(path))
             if not m:
                 continue
-            steps = json.load(open(path))["steps"]
+            steps = load(path).get("steps")
             if steps:
                 rounds.setdefault((d, int(m.group(1))), {})[m.group(2)] = steps[0]
     return rounds
@@ -45,7 +54,7 @@ def rounds_of_results(path, match):
     """{(set, round): {server: step}} from the sets of a results file whose command `match`
     (a regular expression) finds."""
     rounds = {}
-    for i, s in enumerate(json.load(open(path))["sets"]):
+    for i, s in enumerate(load(path).get("sets", [])):
         if not re.search(match, s["command"]):
             continue
         for run in s["runs"]:
