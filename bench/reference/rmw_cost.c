@@ -1,10 +1,10 @@
 /* What an atomic read-modify-write costs beside a plain one, per delivery.
  *
- * herald takes per delivery about fourteen atomic read-modify-writes the single-threaded C
- * reference does not (the connection's lock taken and released three times, reference counts
- * up and down, metrics counters: bench/RESULTS.md, issue #31's target 1). This loop visits
- * CONNS connection-sized blocks in a scattered order, as a fan-out does, stores into each
- * (the queue slot), then adds to a counter in it OPS times: by `lock xadd` (what an atomic
+ * A server whose connections may be written from several threads takes, per delivery,
+ * atomic read-modify-writes that a single-threaded one does not: a connection's lock taken
+ * and released, reference counts up and down, shared counters. This loop visits CONNS
+ * connection-sized blocks in a scattered order, as a fan-out does, stores into each (the
+ * queue slot), then adds to a counter in it OPS times: by `lock xadd` (what an atomic
  * fetch_add or a mutex compiles to on x86-64) or by a plain load and store. The two modes run
  * back to back; the difference divided by OPS is what the lock prefix costs.
  *
@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
         for (unsigned d = 0; d < deliveries; d++) {
             /* 7919 is prime: every block is visited, in an order the prefetcher cannot follow. */
             struct conn *x = &c[(uint64_t)d * 7919u % conns];
-            x->slots[d & 7 ? d & 7 : 1] = d;
+            x->slots[d % 7] = d;
             for (int j = 0; j < ops; j++) {
                 if (locked) {
                     __atomic_fetch_add(&x->count, 1, __ATOMIC_SEQ_CST);
