@@ -4,9 +4,9 @@ every round (each round's two runs minutes apart at most), pooled over the sets,
 median, a 95% interval of that median (bootstrap over the rounds) and how many rounds are at
 or below 1.0.
 
-One set's median moves with the host from one hour to the next (the reference's own CPU per
-delivery ranges 5.4-7.9 us between sets on this VM); the rounds of many sets together say
-how far apart the two servers are, and how sure that is, better than any one set.
+One set's median moves with the host from one hour to the next, the reference's as much as
+herald's; the rounds of many sets together say how far apart the two servers are, and how
+sure that is, better than any one set.
 
 Reads the reports `herald bench --json` wrote as DIR/r<round>-<name>.json (as
 bench/reference-pairs.sh and bench/profile-pairs.sh name them), or the sets of a results file
