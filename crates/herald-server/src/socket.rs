@@ -268,41 +268,25 @@ impl DirectSocket {
     #[cfg(target_os = "linux")]
     #[inline(never)]
     fn send_several(&self, slices: &[IoSlice<'_>]) -> libc::c_long {
-        let total: usize = slices.iter().map(|s| s.len()).sum();
-        if total > GATHERED {
-            // SAFETY: `msghdr` is plain data, and all zeroes is a valid (empty) one.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            // `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix.
-            msg.msg_iov = slices.as_ptr().cast_mut().cast();
-            msg.msg_iovlen = slices.len() as _;
-            // SAFETY: `fd` belongs to `half`, which lives as long as `self`; `msg` and the
-            // slices it points at outlive the call, and the kernel only reads them.
-            return unsafe {
-                libc::syscall(
-                    libc::SYS_sendmsg,
-                    libc::c_long::from(self.fd),
-                    &msg as *const libc::msghdr,
-                    libc::c_long::from(libc::MSG_NOSIGNAL),
-                )
-            };
+        let mut buffer = [MaybeUninit::<u8>::uninit(); GATHERED];
+        if let Some(bytes) = gather(slices, &mut buffer) {
+            return self.send_to(bytes);
         }
-        // Left uninitialised: only the `total` bytes copied in are read.
-        let mut gathered = [MaybeUninit::<u8>::uninit(); GATHERED];
-        let mut at = 0;
-        for slice in slices {
-            // SAFETY: the slices' lengths sum to `total`, at most `GATHERED`, so each copy
-            // stays inside `gathered`; a slice never overlaps a local array.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    slice.as_ptr(),
-                    gathered.as_mut_ptr().cast::<u8>().add(at),
-                    slice.len(),
-                );
-            }
-            at += slice.len();
+        // SAFETY: `msghdr` is plain data, and all zeroes is a valid (empty) one.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix.
+        msg.msg_iov = slices.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = slices.len() as _;
+        // SAFETY: `fd` belongs to `half`, which lives as long as `self`; `msg` and the slices it
+        // points at outlive the call, and the kernel only reads them.
+        unsafe {
+            libc::syscall(
+                libc::SYS_sendmsg,
+                libc::c_long::from(self.fd),
+                &msg as *const libc::msghdr,
+                libc::c_long::from(libc::MSG_NOSIGNAL),
+            )
         }
-        // SAFETY: the first `total` bytes were written just above.
-        self.send_to(unsafe { std::slice::from_raw_parts(gathered.as_ptr().cast::<u8>(), total) })
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -311,6 +295,36 @@ impl DirectSocket {
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
         socket2::SockRef::from(&fd).send_vectored_with_flags(slices, libc::MSG_NOSIGNAL)
     }
+}
+
+/// `slices` copied one after the other into `buffer`, the bytes to send as one, if they come
+/// to at most [`GATHERED`]; `None` if they do not (nothing is copied then). `buffer` is left
+/// uninitialised by the caller: only the bytes copied in are read.
+#[cfg(target_os = "linux")]
+#[inline(always)]
+fn gather<'b>(
+    slices: &[IoSlice<'_>],
+    buffer: &'b mut [MaybeUninit<u8>; GATHERED],
+) -> Option<&'b [u8]> {
+    let total: usize = slices.iter().map(|s| s.len()).sum();
+    if total > GATHERED {
+        return None;
+    }
+    let mut at = 0;
+    for slice in slices {
+        // SAFETY: the slices' lengths sum to `total`, at most `GATHERED`, so each copy stays
+        // inside `buffer`; a slice never overlaps the buffer, which is borrowed mutably.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                slice.as_ptr(),
+                buffer.as_mut_ptr().cast::<u8>().add(at),
+                slice.len(),
+            );
+        }
+        at += slice.len();
+    }
+    // SAFETY: the first `total` bytes were written just above.
+    Some(unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u8>(), total) })
 }
 
 /// Writes to a TCP socket through a shared reference, so the writer task can use the socket
@@ -430,5 +444,24 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_slices_are_gathered_in_order_up_to_the_bound() {
+        let mut buffer = [MaybeUninit::uninit(); GATHERED];
+        let slices = [IoSlice::new(b"ab"), IoSlice::new(b""), IoSlice::new(b"cde")];
+        assert_eq!(gather(&slices, &mut buffer), Some(&b"abcde"[..]));
+        assert_eq!(gather(&[], &mut buffer), Some(&b""[..]));
+        // Exactly the bound still fits; one byte more goes by `sendmsg`.
+        let half = vec![7u8; GATHERED / 2];
+        let full = [IoSlice::new(&half), IoSlice::new(&half)];
+        assert_eq!(gather(&full, &mut buffer).map(<[u8]>::len), Some(GATHERED));
+        let over = [IoSlice::new(&half), IoSlice::new(&half), IoSlice::new(b"x")];
+        assert_eq!(gather(&over, &mut buffer), None);
     }
 }
